@@ -1,0 +1,155 @@
+"""What ``sss fit`` does around `SSSTrainer.fit`: build the parts, pick the output folder, export, report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sss.callbacks.checkpoint import complete_checkpoints
+from sss.config import SSSConfig, instantiate, to_yaml
+from sss.trainer.trainer import SSSTrainer
+
+__all__ = ["export_model", "run_fit"]
+
+
+def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
+    """Train the run described by `cfg`; return (and write to OUTPUT_DIR/results.json) its results.
+
+    `resume` is ``"latest"`` (newest complete checkpoint in OUTPUT_DIR) or a checkpoint path.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import set_seed
+
+    wall_start = time.perf_counter()
+    state = PartialState(cpu=cfg.trainer.cpu)
+    cfg.trainer.output_dir = _output_dir(cfg, resume, state)
+    ckpt = _resume_path(Path(cfg.trainer.output_dir), resume)
+    set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
+    datamodule = instantiate(cfg.data)
+    module = instantiate(cfg.model)
+    trainer = SSSTrainer(cfg.trainer, callbacks=[instantiate(spec) for spec in cfg.callbacks])
+    out = trainer.output_dir
+    if state.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(to_yaml(cfg))
+        print(f"sss: run {cfg.name!r} -> {out}" + (f" (resuming {ckpt})" if ckpt else ""), flush=True)
+    fit_start = time.perf_counter()
+    trainer.fit(module, datamodule, ckpt_path=ckpt)
+    fit_seconds = time.perf_counter() - fit_start
+    results: dict[str, Any] = dict(trainer.state.metrics)
+    results.update(_single_modality_accuracy(trainer, module, datamodule))
+    model_dir = out / "model"
+    if state.is_main_process:
+        export_model(module, cfg, results, model_dir)
+    results.update(
+        wall_seconds=round(time.perf_counter() - wall_start, 2),
+        train_samples_per_second=round(trainer.state.samples / max(fit_seconds, 1e-9), 1),
+        global_step=trainer.state.global_step,
+        skipped_steps=trainer.state.skipped_steps,
+        checkpoint_dir=trainer.state.last_checkpoint,
+        model_dir=str(model_dir),
+    )
+    if state.is_main_process:
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        _print_results(cfg.name, results, out / "results.json")
+    state.wait_for_everyone()
+    return results
+
+
+def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
+    # A fresh run never writes into an earlier run's folder: the default runs/<name> moves on to
+    # runs/<name>_1, _2, ...; an explicit trainer.output_dir that is taken is refused by the
+    # checkpoint callback. The main process decides so that every process agrees.
+    from accelerate.utils import broadcast_object_list
+
+    chosen = [cfg.trainer.output_dir]
+    default = f"runs/{cfg.name}"
+    if state.is_main_process and resume is None and chosen[0] == default:
+        n = 0
+        while _holds_run(Path(chosen[0])):
+            n += 1
+            chosen[0] = f"{default}_{n}"
+    if state.num_processes > 1:
+        broadcast_object_list(chosen)
+    return chosen[0]
+
+
+def _holds_run(folder: Path) -> bool:
+    return (folder / "results.json").exists() or bool(complete_checkpoints(folder / "checkpoints"))
+
+
+def _resume_path(out: Path, resume: str | None) -> Path | None:
+    if resume is None:
+        return None
+    if resume != "latest":
+        path = Path(resume)
+        if not (path / "trainer_state.json").is_file():
+            raise SystemExit(f"error: --resume {resume}: not a complete sss checkpoint folder (no trainer_state.json)")
+        return path
+    found = complete_checkpoints(out / "checkpoints")
+    if not found:
+        raise SystemExit(f"error: --resume: no complete checkpoint in {out / 'checkpoints'}; train without --resume first")
+    return found[-1]
+
+
+class _ZeroModality:
+    """Collate, then replace one modality by zeros (picklable, for loader workers)."""
+
+    def __init__(self, collate: Any, key: str) -> None:
+        self.collate, self.key = collate, key
+
+    def __call__(self, samples: list[Any]) -> Any:
+        batch = self.collate(samples)
+        batch[self.key] = torch.zeros_like(batch[self.key])
+        return batch
+
+
+def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any) -> dict[str, float]:
+    """Validation accuracy with the other modality zeroed: how much each modality carries alone."""
+    loader = datamodule.val_dataloader() if datamodule is not None else None
+    if not isinstance(loader, torch.utils.data.DataLoader) or "val/accuracy" not in trainer.state.metrics:
+        return {}
+    results = {}
+    for kept, zeroed in (("image", "audio"), ("audio", "image")):
+        ablated = torch.utils.data.DataLoader(
+            loader.dataset, batch_size=loader.batch_size, num_workers=loader.num_workers,
+            collate_fn=_ZeroModality(loader.collate_fn, zeroed),
+        )
+        metrics = trainer.validate(module, dataloaders=ablated, prefix=f"val_{kept}_only")
+        results[f"val/accuracy_{kept}_only"] = metrics[f"val_{kept}_only/accuracy"]
+    return results
+
+
+def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], folder: Path) -> Path:
+    """Write the portable model folder: ``model.safetensors``, ``config.yaml`` and a ``README.md`` model card."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(module, str(folder / "model.safetensors"))
+    (folder / "config.yaml").write_text(to_yaml(cfg))
+    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
+    params = sum(p.numel() for p in module.parameters())
+    (folder / "README.md").write_text(
+        f"# {cfg.name}\n\nA Shadow & Sound Hunter model trained with `sss` ({type(module).__name__}, "
+        f"{params / 1e6:.2f} M parameters).\n\n- model: `{cfg.model}`\n- data: `{cfg.data}`\n\n"
+        f"| metric | value |\n|---|---|\n{rows}\n\nTraining configuration: `config.yaml`.\n"
+    )
+    return folder
+
+
+def _print_results(name: str, results: dict[str, Any], path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sss fit {name}: results")
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    for key, value in results.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    console.print(f"written to {path}")

@@ -1,0 +1,131 @@
+"""The one hook system of `sss`: an `Event` enum and a `Callback` base with one method per event."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sss.trainer.module import LitModule
+    from sss.trainer.trainer import SSSTrainer
+
+__all__ = ["Callback", "Event"]
+
+
+class Event(str, Enum):
+    """Points in the loop where callbacks run; each value is the name of the `Callback` method.
+
+    The map of the loop (``sss/trainer/trainer.py``), with the event fired at each point::
+
+        fit(module):
+            prepare model, optimizer, scheduler, loaders
+            # FIT_START                   (after a resume: LOAD_CHECKPOINT first)
+            for epoch in epochs:
+                # EPOCH_START
+                for batch_idx, batch in train_loader:
+                    # BATCH_START
+                    with accelerator.accumulate(model):
+                        loss = module.training_step(batch, batch_idx)   # under autocast
+                        accelerator.backward(loss)
+                        if end of accumulation window:
+                            rescale a partial window; unscale fp16 gradients
+                            # AFTER_BACKWARD          (true-scale grads, before clipping)
+                            state.grad_norm = clip_grad_norm_(...)
+                            optimizer.step(); scaler skipped? -> skipped_steps += 1
+                                              else -> global_step += 1; scheduler.step()
+                            # AFTER_OPTIMIZER_STEP
+                            optimizer.zero_grad()
+                    # BATCH_END                   (checkpoints every N steps save here)
+                    stop at max_steps or when state.should_stop
+                if validation is due:
+                    # VALIDATION_START
+                    gather_for_metrics(module.validation_step(...)) -> state.metrics
+                    # VALIDATION_END
+                # EPOCH_END                       (epoch checkpoints save here, after validation)
+            # FIT_END
+        any exception in fit: # EXCEPTION, then it is re-raised
+        trainer.save_checkpoint(dir):  # SAVE_CHECKPOINT, after the state is written
+
+    ``validate``/``test`` fire VALIDATION_START and VALIDATION_END only (``state.stage`` tells which).
+
+    Example:
+        >>> Event.BATCH_END.value
+        'on_batch_end'
+    """
+
+    FIT_START = "on_fit_start"
+    LOAD_CHECKPOINT = "on_load_checkpoint"
+    EPOCH_START = "on_epoch_start"
+    BATCH_START = "on_batch_start"
+    AFTER_BACKWARD = "on_after_backward"
+    AFTER_OPTIMIZER_STEP = "on_after_optimizer_step"
+    BATCH_END = "on_batch_end"
+    VALIDATION_START = "on_validation_start"
+    VALIDATION_END = "on_validation_end"
+    SAVE_CHECKPOINT = "on_save_checkpoint"
+    EPOCH_END = "on_epoch_end"
+    FIT_END = "on_fit_end"
+    EXCEPTION = "on_exception"
+
+
+class Callback:
+    """Base class: override the `on_*` methods you need; all take `(trainer, module)`.
+
+    Data that varies between calls (loss, grad norm, metrics, the skipped-step flag) is on
+    ``trainer.state``. Callbacks run in the order of the list given to the trainer. A callback
+    that keeps state across a resume returns it from `state_dict` (JSON-serialisable).
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_batch_end(self, trainer, module):
+        ...         if trainer.state.global_step % 100 == 0:
+        ...             print(float(trainer.state.loss))
+        >>> PrintLoss().state_dict()
+        {}
+    """
+
+    def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """Model, optimizer and loaders are prepared; nothing has been trained yet."""
+
+    def on_load_checkpoint(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A checkpoint was restored (weights, optimizer, counters, callback states)."""
+
+    def on_epoch_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A training epoch begins (`trainer.state.epoch`)."""
+
+    def on_batch_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A micro-batch is about to run (`trainer.state.batch_idx`, `trainer.state.micro_step`)."""
+
+    def on_after_backward(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """End of an accumulation window: gradients are synced, at true scale, not yet clipped."""
+
+    def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """The optimizer stepped, or the loss scaler skipped it (`trainer.state.step_was_skipped`)."""
+
+    def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A micro-batch finished (`trainer.state.loss` holds its loss as a tensor)."""
+
+    def on_validation_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """An evaluation pass begins (`trainer.state.stage` is "val" or "test")."""
+
+    def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """An evaluation pass ended; its metrics are in `trainer.state.metrics`, equal on every process."""
+
+    def on_save_checkpoint(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A checkpoint was written to `trainer.state.last_checkpoint`."""
+
+    def on_epoch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """A training epoch ended, after its validation."""
+
+    def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """Training finished normally."""
+
+    def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """`fit` is failing; `trainer.state.exception` holds the error, which is re-raised afterwards."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this callback must carry across a resume (JSON-serialisable). Default: nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

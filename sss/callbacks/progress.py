@@ -1,0 +1,92 @@
+"""`ProgressBar`: epoch, step, loss, lr, samples/s and ETA; plain lines when stdout is not a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from sss.callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from sss.trainer.module import LitModule
+    from sss.trainer.trainer import SSSTrainer
+
+__all__ = ["ProgressBar"]
+
+
+class ProgressBar(Callback):
+    """A rich progress bar on a terminal; one plain line every N steps otherwise (logs, CI).
+
+    Reading the loss is a device sync, so the bar redraws at most every `refresh_seconds`.
+    Only the main process draws. Turn it off with ``log.progress=false``.
+
+    Example:
+        >>> ProgressBar(every_n_steps=20).every_n_steps
+        20
+    """
+
+    def __init__(self, every_n_steps: int = 10, refresh_seconds: float = 0.25) -> None:
+        self.every_n_steps = every_n_steps
+        self.refresh_seconds = refresh_seconds
+        self._progress: Any = None
+        self._task: Any = None
+        self._start = 0.0
+        self._last_draw = 0.0
+        self._active = False
+
+    def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        from rich.console import Console
+
+        self._active = trainer.accelerator.is_main_process
+        self._start = time.monotonic()
+        console = Console()
+        if not self._active or not console.is_terminal:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console, auto_refresh=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=trainer.total_steps or None, epoch=0, info="")
+
+    def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if not self._active:
+            return
+        state = trainer.state
+        if self._progress is not None:
+            now = time.monotonic()
+            if now - self._last_draw >= self.refresh_seconds:
+                self._last_draw = now
+                self._progress.update(self._task, completed=state.global_step, epoch=state.epoch, info=self._info(trainer))
+                self._progress.refresh()
+        elif state.micro_step == 0 and state.global_step % self.every_n_steps == 0 and not state.step_was_skipped:
+            total = f"/{trainer.total_steps}" if trainer.total_steps else ""
+            print(f"epoch {state.epoch} step {state.global_step}{total} {self._info(trainer)}", flush=True)
+
+    def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if self._active and trainer.state.metrics:
+            line = "  ".join(f"{k} {v:.4f}" for k, v in trainer.state.metrics.items())
+            (self._progress.console.print if self._progress is not None else print)(f"[{trainer.state.stage}] {line}")
+
+    def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=trainer.state.global_step, info=self._info(trainer))
+            self._progress.refresh()
+        self._stop()
+
+    def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _info(self, trainer: SSSTrainer) -> str:
+        state = trainer.state
+        rate = state.samples / max(time.monotonic() - self._start, 1e-9)
+        loss = f"loss {float(state.loss):.4f}" if state.loss is not None else ""
+        skipped = f" skipped {state.skipped_steps}" if state.skipped_steps else ""
+        return f"{loss} lr {state.lr:.2e} {rate:.0f} samples/s{skipped}"

@@ -1,0 +1,130 @@
+"""The ``sss`` command: a table of subcommands, each a plain typed function.
+
+Heavy modules (torch, accelerate) are imported inside the commands, so ``sss --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+EXIT_CONFIG = 2
+
+
+def fit(config: str, overrides: list[str], resume: str | None = None, num_processes: int | None = None) -> int:
+    """Train the model of CONFIG; print a results table and write OUTPUT_DIR/results.json."""
+    if num_processes and num_processes > 1 and "LOCAL_RANK" not in os.environ:
+        return _relaunch(num_processes, ["fit", config, *overrides, *(["--resume", resume] if resume else [])])
+    cfg = _load_checked(config, overrides)
+    if cfg is None:
+        return EXIT_CONFIG
+    from sss._run import run_fit
+
+    run_fit(cfg, resume=resume)
+    return 0
+
+
+def check(config: str, overrides: list[str]) -> int:
+    """Validate CONFIG without building anything: unknown keys, wrong types, bad _target_ arguments."""
+    cfg = _load_checked(config, overrides)
+    if cfg is None:
+        return EXIT_CONFIG
+    print(f"{config}: ok (model {cfg.model.get('_target_')}, data {cfg.data.get('_target_')}, output {cfg.trainer.output_dir})")
+    return 0
+
+
+def config(config: str, overrides: list[str]) -> int:
+    """Print CONFIG resolved (defaults <- YAML <- overrides) as YAML."""
+    from sss.config import ConfigError, load_config, to_yaml
+
+    try:
+        print(to_yaml(load_config(config, overrides)), end="")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+def data(action: str, kind: str, out: str, n: int = 2000, seed: int = 0) -> int:
+    """``sss data make industrial OUT``: write the synthetic industrial dataset (train/val/test) to OUT."""
+    if action != "make" or kind != "industrial":
+        print("error: the data command knows: sss data make industrial OUT [--n N] [--seed S]", file=sys.stderr)
+        return EXIT_CONFIG
+    from sss.data import make_industrial
+
+    path = make_industrial(out, n_train=n, n_val=max(1, n // 5), n_test=max(1, n // 5), seed=seed)
+    print(f"wrote {path}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[..., int]] = {"fit": fit, "check": check, "config": config, "data": data}
+
+
+def _load_checked(path: str, overrides: list[str]) -> Any:
+    from sss.config import ConfigError, check_config, load_config
+
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    errors = check_config(cfg)
+    for error in errors:
+        print(f"error: {path}: {error}", file=sys.stderr)
+    return None if errors else cfg
+
+
+def _relaunch(num_processes: int, args: list[str]) -> int:
+    # Launch ourselves through Accelerate's launcher, the same as `accelerate launch -m sss ...`.
+    import subprocess
+
+    import torch
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += [] if torch.cuda.device_count() >= num_processes else ["--cpu"]
+    cmd += ["-m", "sss", *args]
+    print("sss: launching", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sss.config import SSSConfig, field_docs
+
+    fields = "\n".join(f"  {key} (default {default})\n      {doc}" for key, default, doc in field_docs(SSSConfig))
+    parser = argparse.ArgumentParser(prog="sss", description="Train Shadow & Sound Hunter models (image + audio).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    epilog = f"overrides are key=value pairs, e.g. trainer.max_steps=100\n\nconfig fields:\n{fields}"
+    for name in ("fit", "check", "config"):
+        p = sub.add_parser(name, help=COMMANDS[name].__doc__, description=COMMANDS[name].__doc__,
+                           epilog=epilog if name == "fit" else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("config", help="YAML config file, e.g. examples/industrial.yaml")
+        p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+        if name == "fit":
+            p.add_argument("--resume", nargs="?", const="latest", default=None,
+                           help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH")
+            p.add_argument("--num-processes", type=int, default=None, help="launch N processes through Accelerate")
+    p = sub.add_parser("data", help=data.__doc__, description=data.__doc__)
+    p.add_argument("action", choices=["make"])
+    p.add_argument("kind", choices=["industrial"])
+    p.add_argument("out", help="output folder")
+    p.add_argument("--n", type=int, default=2000, help="training samples (val and test get n/5 each)")
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sss`` console script."""
+    # MKL may take another floating-point path in a fresh process, breaking bitwise resume and
+    # 1-vs-N-process parity; it must be pinned before torch loads MKL (shared/design PITFALLS §D).
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    args = vars(_parser().parse_args(argv))
+    command = COMMANDS[args.pop("command")]
+    return command(**args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

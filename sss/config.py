@@ -1,0 +1,297 @@
+"""Typed configuration: dataclasses merged by OmegaConf (defaults <- YAML <- ``key=value`` overrides).
+
+Each field's docstring sits right under it and feeds ``sss fit --help``. Checks across fields
+live in ``__post_init__`` and name the YAML key. Pluggable parts (model, data, optimizer,
+scheduler, callbacks) are ``_target_`` specs, checked by `check_config` without building.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sss._instantiate import check_target, instantiate, resolve_target
+
+__all__ = [
+    "CheckpointConfig",
+    "ConfigError",
+    "LogConfig",
+    "OptimConfig",
+    "SSSConfig",
+    "TrainerConfig",
+    "check_config",
+    "field_docs",
+    "instantiate",
+    "load_config",
+    "resolve_target",
+    "to_yaml",
+]
+
+PRECISIONS = ("auto", "no", "fp16", "bf16")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file and the YAML key."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule, built by `LitModule.configure_optimizers`.
+
+    Example:
+        >>> OptimConfig().optimizer["_target_"]
+        'torch.optim.AdamW'
+    """
+
+    optimizer: dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01}
+    )
+    """``_target_`` spec of the optimizer; the parameters are passed by the module."""
+    scheduler: dict[str, Any] | None = None
+    """``_target_`` spec of an LR scheduler stepped once per optimizer step (it receives the optimizer,
+    and ``total_steps`` when it takes one), e.g. ``{_target_: sss.trainer.cosine_with_warmup, warmup_steps: 50}``."""
+
+
+@dataclass
+class CheckpointConfig:
+    """When the stock checkpoint callback saves ``OUTPUT_DIR/checkpoints/step_NNNNNNN``.
+
+    Example:
+        >>> CheckpointConfig(every_n_steps=100).every_n_steps
+        100
+    """
+
+    every_n_steps: int | None = None
+    """Save every N optimizer steps (null: not by steps)."""
+    every_epoch: bool = True
+    """Save at the end of each epoch, after validation."""
+    keep_last: int | None = 3
+    """Keep only the newest N checkpoints (null: keep all)."""
+
+    def __post_init__(self) -> None:
+        _require(self.every_n_steps is None or self.every_n_steps >= 1, "trainer.checkpoint.every_n_steps must be >= 1")
+        _require(self.keep_last is None or self.keep_last >= 1, "trainer.checkpoint.keep_last must be >= 1 (or null)")
+
+
+@dataclass
+class LogConfig:
+    """Progress display and metric logging.
+
+    Example:
+        >>> LogConfig(progress=False).progress
+        False
+    """
+
+    progress: bool = True
+    """Show a progress bar (plain lines when stdout is not a terminal)."""
+    every_n_steps: int = 10
+    """Log training metrics every N optimizer steps."""
+    trackers: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
+    """Accelerate trackers: ``csv`` (always available), ``tensorboard`` (used when installed), ``wandb``, ...;
+    an empty list turns metric logging off."""
+
+    def __post_init__(self) -> None:
+        _require(self.every_n_steps >= 1, f"log.every_n_steps must be >= 1, got {self.every_n_steps}")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything `SSSTrainer` needs; YAML section ``trainer:``.
+
+    Example:
+        >>> TrainerConfig(max_steps=100, gradient_accumulation_steps=2).max_steps
+        100
+    """
+
+    max_epochs: int | None = 10
+    """Epochs to train (null: until max_steps)."""
+    max_steps: int | None = None
+    """Optimizer steps to train; stops at whichever of max_epochs and max_steps comes first."""
+    mixed_precision: str = "auto"
+    """auto | no | fp16 | bf16. auto: bf16 on a CUDA device that supports it, fp16 on other CUDA devices, else no."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (a short last window is averaged over its real size)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value (null: no clipping and no grad_norm)."""
+    seed: int = 42
+    """Seed of model init, data order and augmentation."""
+    output_dir: str | None = None
+    """Where checkpoints, logs and the exported model go (null: runs/<config name>)."""
+    val_every_n_epochs: int = 1
+    """Validate every N epochs, and always when training ends."""
+    find_unused_parameters: bool = False
+    """Allow parameters that get no gradient (DDP's find_unused_parameters); otherwise they are an error."""
+    cpu: bool = False
+    """Train on the CPU even when a GPU is present."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.max_epochs is not None or self.max_steps is not None,
+                 "trainer.max_epochs and trainer.max_steps are both null: set at least one")
+        _require(self.max_epochs is None or self.max_epochs >= 1, f"trainer.max_epochs must be >= 1, got {self.max_epochs}")
+        _require(self.max_steps is None or self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
+        _require(self.mixed_precision in PRECISIONS,
+                 f"trainer.mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
+        _require(self.gradient_accumulation_steps >= 1,
+                 f"trainer.gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
+        _require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                 f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}")
+        _require(self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}")
+
+
+@dataclass
+class SSSConfig:
+    """A whole run: trainer settings plus the pluggable model, data and callbacks.
+
+    Example:
+        >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.models.create_model", "name": "hunter_tiny"})
+        >>> cfg.trainer.mixed_precision
+        'auto'
+    """
+
+    name: str = ""
+    """Run name (default: the config file's stem); output goes to runs/<name> unless trainer.output_dir is set."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: dict[str, Any] = field(default_factory=dict)
+    """``_target_`` spec of the LitModule, e.g. ``{_target_: sss.models.create_model, name: hunter_small}``."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """``_target_`` spec of the DataModule."""
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    """``_target_`` specs of extra callbacks, run in this order before the stock ones."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> SSSConfig:
+    """Merge defaults <- YAML file <- ``key=value`` overrides into a checked `SSSConfig`.
+
+    Raises `ConfigError` naming the file and key on unknown keys, wrong types and bad values.
+
+    Example:
+        >>> cfg = load_config(None, ["trainer.max_steps=5", "name=demo"])
+        >>> cfg.trainer.max_steps, cfg.trainer.output_dir
+        (5, 'runs/demo')
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    where = str(path) if path is not None else "defaults"
+    merged = OmegaConf.structured(SSSConfig)
+    try:
+        if path is not None:
+            merged = OmegaConf.merge(merged, _read_yaml(Path(path)))
+        merged = OmegaConf.merge(merged, _parse_overrides(overrides))
+        config: SSSConfig = OmegaConf.to_object(merged)  # runs every __post_init__
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: {key}: {reason}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if not config.name:
+        config.name = Path(path).stem if path is not None else "run"
+    if config.trainer.output_dir is None:
+        config.trainer.output_dir = f"runs/{config.name}"
+    return config
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+    from omegaconf import OmegaConf
+
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (trainer:, model:, ...)")
+    return OmegaConf.create(data)
+
+
+def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> Any:
+    from omegaconf import OmegaConf
+
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r}: write overrides as key=value, e.g. trainer.max_steps=100")
+    return OmegaConf.from_dotlist(list(overrides))
+
+
+def check_config(config: SSSConfig) -> list[str]:
+    """Problems of the pluggable parts (model, data, optimizer, scheduler, callbacks), each naming its key.
+
+    Example:
+        >>> check_config(load_config(None, ["model._target_=sss.models.create_model", "model.name=nope"]))[:1]
+        ["model.name: unknown model 'nope'. ..."]
+    """
+    errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
+    if config.model:
+        errors += check_target(config.model, "model")
+    errors += check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
+    errors += check_target(config.trainer.optim.optimizer, "trainer.optim.optimizer")
+    if config.trainer.optim.scheduler is not None:
+        errors += check_target(config.trainer.optim.scheduler, "trainer.optim.scheduler")
+    for i, spec in enumerate(config.callbacks):
+        errors += check_target(spec, f"callbacks[{i}]")
+    return errors
+
+
+def to_yaml(config: SSSConfig) -> str:
+    """The resolved config as YAML (what ``sss config`` prints and runs save).
+
+    Example:
+        >>> "max_epochs: 10" in to_yaml(SSSConfig())
+        True
+    """
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(yaml key, default, docstring)`` for every field of a config dataclass, nested ones included.
+
+    Example:
+        >>> field_docs(TrainerConfig)[0][:2]
+        ('max_epochs', '10')
+    """
+    docs = _attribute_docstrings(cls)
+    rows: list[tuple[str, str, str]] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            rows += field_docs(type(default), prefix=f"{key}.")
+        else:
+            rows.append((key, "null" if default is None else str(default), docs.get(f.name, "")))
+    return rows
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    # The docstring under a field is not kept at run time, so read it from the source.
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs

@@ -1,0 +1,52 @@
+"""`TrainState`: the small, typed state that callbacks read (and the loop writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TrainState"]
+
+
+@dataclass
+class TrainState:
+    """Counters and the latest values of a run, on ``trainer.state``.
+
+    Tensors (``loss``, ``grad_norm``) are kept as tensors: reading them with ``float()`` is a
+    device sync, so callbacks do it only when they display or log.
+
+    Example:
+        >>> TrainState().global_step
+        0
+    """
+
+    stage: str = "fit"
+    """fit | val | test | predict: what the trainer is running now."""
+    global_step: int = 0
+    """Optimizer steps applied; steps the fp16 loss scaler skipped do not count."""
+    skipped_steps: int = 0
+    """Optimizer steps the loss scaler skipped (inf/NaN gradients)."""
+    step_was_skipped: bool = False
+    """Whether the latest optimizer step was skipped."""
+    epoch: int = 0
+    """Current epoch, from 0."""
+    batch_idx: int = 0
+    """Index of the current micro-batch in the epoch."""
+    micro_step: int = 0
+    """Micro-batches in the current accumulation window so far."""
+    samples: int = 0
+    """Training samples seen, over all processes."""
+    loss: Any = None
+    """Loss of the latest micro-batch (a detached tensor)."""
+    grad_norm: Any = None
+    """Global gradient norm before clipping at the latest optimizer step (None without clipping)."""
+    lr: float = 0.0
+    """Learning rate of the first parameter group after the latest step."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Latest evaluation metrics, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
+    should_stop: bool = False
+    """Set by a callback to stop training after the current batch."""
+    last_checkpoint: str | None = None
+    """Folder of the latest complete checkpoint."""
+    exception: BaseException | None = None
+    """The error `fit` is failing with, during the EXCEPTION event."""

@@ -1,0 +1,429 @@
+"""`SSSTrainer`: the training loop, thin over an Accelerate `Accelerator`.
+
+Read it top to bottom: `fit` -> `_train_epoch` -> `_train_step` -> `_optimizer_step`. Hardware,
+precision, gradient sync and sharding belong to Accelerate; the loop never branches on the
+distributed type. The map of events is in the `Event` docstring (``sss/callbacks/base.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from sss.callbacks.base import Callback, Event
+from sss.config import ConfigError, TrainerConfig
+from sss.trainer.module import LitModule, _batch_size
+from sss.trainer.state import TrainState
+
+__all__ = ["SSSTrainer", "resolve_precision"]
+
+
+class _StepRouter(nn.Module):
+    """Calls a `LitModule` method through the prepared model's ``forward``.
+
+    DDP syncs only gradients of work done inside its ``forward``, and Accelerate puts autocast
+    on ``forward``: routing ``training_step`` through it gives both (Lightning wraps the same way).
+    """
+
+    def __init__(self, module: LitModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, method: str, *args: Any) -> Any:
+        return getattr(self.module, method)(*args)
+
+
+class SSSTrainer:
+    """Trains a `LitModule`: precision, accumulation, clipping, validation, checkpoints.
+
+    Settings come from a `TrainerConfig` (YAML ``trainer:``) or keyword overrides. Stock
+    callbacks (progress bar, metric logger, checkpoints) are added after yours unless you pass
+    your own instance of the same class or switch them off in the config.
+
+    Example:
+        >>> from sss.testing import BoringModule, boring_loader
+        >>> trainer = SSSTrainer(max_steps=3, log={"progress": False, "trackers": []},
+        ...                      checkpoint={"every_epoch": False}, mixed_precision="no")  # doctest: +ELLIPSIS
+        sss: mixed precision no
+        >>> trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+        {}
+        >>> trainer.state.global_step
+        3
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig | None = None,
+        *,
+        callbacks: Sequence[Callback] = (),
+        accelerator: Accelerator | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = _with_overrides(config or TrainerConfig(), overrides)
+        self.accelerator = accelerator if accelerator is not None else _build_accelerator(self.config)
+        if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
+            raise ConfigError(
+                f"trainer.gradient_accumulation_steps is {self.config.gradient_accumulation_steps} but the given "
+                f"Accelerator accumulates {self.accelerator.gradient_accumulation_steps}: build it with "
+                f"Accelerator(gradient_accumulation_steps={self.config.gradient_accumulation_steps})"
+            )
+        self.callbacks: list[Callback] = _with_stock_callbacks(list(callbacks), self.config)
+        self.state = TrainState()
+        self.module: LitModule | None = None
+        self.model: nn.Module | None = None
+        """The prepared model (DDP/FSDP wrapper around the module) that the loop calls."""
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.total_steps = 0
+        """Optimizer steps this fit will run (0 when unknown: an unsized loader without max_steps)."""
+        self._grads_checked = False
+        self._epoch_finished = False
+        self._resume_batches = 0
+
+    @property
+    def output_dir(self) -> Path:
+        """Where checkpoints, logs and exports go (``trainer.output_dir``, default ``runs/run``)."""
+        return Path(self.config.output_dir or "runs/run")
+
+    # ------------------------------------------------------------------ the loop
+    def fit(
+        self,
+        module: LitModule,
+        datamodule: Any = None,
+        *,
+        train_dataloaders: Iterable[Any] | None = None,
+        val_dataloaders: Iterable[Any] | None = None,
+        ckpt_path: str | Path | None = None,
+    ) -> dict[str, float]:
+        """Train `module`; returns the latest evaluation metrics. `ckpt_path` resumes a checkpoint."""
+        train_loader, val_loader = self._setup_fit(module, datamodule, train_dataloaders, val_dataloaders)
+        try:
+            if ckpt_path is not None:
+                self.load_checkpoint(ckpt_path)
+            self._fire(Event.FIT_START)
+            while not self._should_finish():
+                self._train_epoch(train_loader, val_loader)
+            self._fire(Event.FIT_END)
+        except BaseException as exc:
+            self.state.exception = exc
+            self._fire(Event.EXCEPTION)
+            raise
+        return dict(self.state.metrics)
+
+    def _train_epoch(self, loader: Any, val_loader: Any) -> None:
+        state, cfg = self.state, self.config
+        state.stage, self._epoch_finished = "fit", False
+        self.model.train()
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(state.epoch)  # data order is a function of (seed, epoch): resumable
+        start, self._resume_batches = self._resume_batches, 0
+        batches = self.accelerator.skip_first_batches(loader, start) if start else loader
+        self._fire(Event.EPOCH_START)
+        for batch_idx, batch in enumerate(batches, start=start):
+            state.batch_idx = batch_idx
+            self._train_step(batch, batch_idx)
+            if state.should_stop or self._max_steps_reached():
+                break
+        else:
+            self._epoch_finished = True
+        last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
+        ending = last_epoch or state.should_stop or self._max_steps_reached()
+        due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
+        if val_loader is not None and (due or ending):
+            self._evaluate(val_loader, "val")
+        self._fire(Event.EPOCH_END)
+        if self._epoch_finished:
+            state.epoch += 1
+
+    def _train_step(self, batch: Any, batch_idx: int) -> None:
+        state, accelerator = self.state, self.accelerator
+        self._fire(Event.BATCH_START)
+        with accelerator.accumulate(self.model):
+            out = self.model("training_step", batch, batch_idx)
+            loss = out["loss"] if isinstance(out, dict) else out
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}")
+            accelerator.backward(loss)
+            state.micro_step += 1
+            state.loss = loss.detach()
+            state.samples += _batch_size(batch) * accelerator.num_processes
+            if accelerator.sync_gradients:
+                self._optimizer_step()
+        self._fire(Event.BATCH_END)
+
+    def _optimizer_step(self) -> None:
+        state, accelerator, cfg = self.state, self.accelerator, self.config
+        window = accelerator.gradient_accumulation_steps
+        if state.micro_step < window:
+            # Accelerate divided every micro-batch loss by the configured window; this last window
+            # was shorter, so rescale to a mean over its real size (Lightning #19987).
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, window / state.micro_step)
+        accelerator.unscale_gradients()  # callbacks and clipping see true-scale fp16 gradients
+        if not self._grads_checked:
+            self._check_gradients()
+        self._fire(Event.AFTER_BACKWARD)
+        if cfg.max_grad_norm is not None:
+            state.grad_norm = _clip_grad_norm(accelerator, self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        state.step_was_skipped = accelerator.optimizer_step_was_skipped
+        if state.step_was_skipped:  # the fp16 scaler found inf/NaN: no update, no schedule step
+            state.skipped_steps += 1
+        else:
+            state.global_step += 1
+            if self.scheduler is not None:
+                self.scheduler.step()  # not prepared, so once per step on every process (Accelerate #2926)
+        state.lr = self.optimizer.param_groups[0]["lr"]
+        self._fire(Event.AFTER_OPTIMIZER_STEP)
+        self.optimizer.zero_grad(set_to_none=True)
+        state.micro_step = 0
+
+    # ------------------------------------------------------------------ evaluation
+    def validate(
+        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None, prefix: str = "val"
+    ) -> dict[str, float]:
+        """Evaluate on the validation data; metrics are named ``<prefix>/<name>``."""
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix)
+
+    def test(self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None) -> dict[str, float]:
+        """Evaluate on the test data; metrics are named ``test/<name>``."""
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), "test")
+
+    def predict(self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None) -> list[Any]:
+        """`predict_step` outputs per batch, gathered from all processes (padding duplicates dropped)."""
+        loader = self._eval_loader(module, datamodule, dataloaders, "predict")
+        self.state.stage = "predict"
+        self.model.eval()
+        with torch.no_grad():
+            return [self.accelerator.gather_for_metrics(self.model("predict_step", b, i)) for i, b in enumerate(loader)]
+
+    def _evaluate(self, loader: Any, prefix: str) -> dict[str, float]:
+        state = self.state
+        previous, state.stage = state.stage, "test" if prefix == "test" else "val"
+        self._fire(Event.VALIDATION_START)
+        was_training = self.model.training
+        self.model.eval()
+        chunks: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                outputs = self.accelerator.gather_for_metrics(self.model("validation_step", batch, batch_idx))
+                for key, value in outputs.items():
+                    chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
+        joined = {key: torch.cat(values) for key, values in chunks.items()}
+        metrics = {f"{prefix}/{k}": v for k, v in self.module.compute_metrics(joined).items()} if joined else {}
+        state.metrics.update(metrics)
+        self.model.train(was_training)
+        self._fire(Event.VALIDATION_END)
+        state.stage = previous
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """Write the full state (Accelerate's ``save_state`` + ``trainer_state.json``) to `directory`.
+
+        It is written beside the target as ``<name>.tmp`` and renamed when complete, so an
+        interrupted save never looks like a checkpoint.
+        """
+        accelerator, final = self.accelerator, Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        if accelerator.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / "trainer_state.json").write_text(json.dumps(self._checkpoint_meta(), indent=2))
+            if final.exists():  # this run's own earlier save of the same step (e.g. step and epoch end)
+                shutil.rmtree(final)
+            tmp.rename(final)
+        accelerator.wait_for_everyone()
+        self.state.last_checkpoint = str(final)
+        self._fire(Event.SAVE_CHECKPOINT)
+        return final
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a checkpoint written by `save_checkpoint` (call inside `fit` via ``ckpt_path``)."""
+        path = Path(path)
+        meta_file = path / "trainer_state.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{path} is not a complete sss checkpoint (no trainer_state.json)")
+        meta = json.loads(meta_file.read_text())
+        self.accelerator.load_state(str(path))
+        state = self.state
+        state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
+        state.epoch, self._resume_batches = meta["resume_epoch"], meta["resume_batch"]
+        state.samples, state.metrics = meta["samples"], dict(meta["metrics"])
+        for callback, saved in zip(self.callbacks, meta["callbacks"], strict=False):
+            if type(callback).__name__ == saved["class"]:
+                callback.load_state_dict(saved["state"])
+        state.last_checkpoint = str(path)
+        self._fire(Event.LOAD_CHECKPOINT)
+
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        state = self.state
+        resume_epoch, resume_batch = (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
+        return {
+            "global_step": state.global_step,
+            "skipped_steps": state.skipped_steps,
+            "epoch": state.epoch,
+            "batch_idx": state.batch_idx,
+            "resume_epoch": resume_epoch,
+            "resume_batch": resume_batch,
+            "samples": state.samples,
+            "metrics": state.metrics,
+            "callbacks": [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks],
+            "config": dataclasses.asdict(self.config),
+        }
+
+    # ------------------------------------------------------------------ set-up
+    def _setup_fit(self, module: LitModule, datamodule: Any, train: Any, val: Any) -> tuple[Any, Any]:
+        from accelerate.utils import set_seed
+
+        set_seed(self.config.seed)
+        if datamodule is not None:
+            datamodule.setup("fit")
+            train = train if train is not None else datamodule.train_dataloader()
+            val = val if val is not None else datamodule.val_dataloader()
+        if train is None:
+            raise ValueError("fit() needs training data: pass a datamodule or train_dataloaders=")
+        train = self.accelerator.prepare(train)
+        val = self.accelerator.prepare(val) if val is not None else None
+        self.total_steps = self._count_total_steps(train)
+        module.trainer = self
+        configured = module.configure_optimizers()
+        optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
+        self.model, self.optimizer = self.accelerator.prepare(_StepRouter(module), optimizer)
+        self.module = module
+        if self.scheduler is not None:
+            self.accelerator.register_for_checkpointing(self.scheduler)
+        self.state, self._grads_checked = TrainState(), False
+        return train, val
+
+    def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
+        if module is not self.module:
+            module.trainer = self
+            self.model, self.module = self.accelerator.prepare(_StepRouter(module)), module
+        if loader is None and datamodule is not None:
+            datamodule.setup(stage)
+            loader = getattr(datamodule, {"validate": "val", "test": "test", "predict": "predict"}[stage] + "_dataloader")()
+        if loader is None:
+            raise ValueError(f"{stage}() found no data: pass dataloaders= or a datamodule that provides the {stage} split")
+        return self.accelerator.prepare(loader)
+
+    def _count_total_steps(self, loader: Any) -> int:
+        cfg = self.config
+        per_epoch = math.ceil(len(loader) / self.accelerator.gradient_accumulation_steps) if hasattr(loader, "__len__") else 0
+        candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]
+        return min(candidates) if candidates else 0
+
+    def _check_gradients(self) -> None:
+        self._grads_checked = True
+        missing = [n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None]
+        if not missing:
+            return
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        message = (
+            f"{len(missing)} parameter(s) of {type(self.module).__name__} got no gradient in the first step: {shown}. "
+            "Use them in the loss, freeze them with requires_grad_(False), or, if they are unused only in some "
+            "steps (e.g. the encoder of a modality the data lacks), set trainer.find_unused_parameters=true."
+        )
+        if not self.config.find_unused_parameters:
+            raise RuntimeError(message)
+        if self.accelerator.is_main_process:
+            import warnings
+
+            warnings.warn(message, stacklevel=2)
+
+    def _max_steps_reached(self) -> bool:
+        return self.config.max_steps is not None and self.state.global_step >= self.config.max_steps
+
+    def _should_finish(self) -> bool:
+        cfg, state = self.config, self.state
+        return state.should_stop or self._max_steps_reached() or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
+
+    def _fire(self, event: Event) -> None:
+        for callback in self.callbacks:
+            getattr(callback, event.value)(self, self.module)
+
+
+def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    # The loop already unscaled the fp16 gradients, and GradScaler refuses a second unscale_ in
+    # one step; clip_grad_norm_ would try, so hide the scaler from this one call.
+    native_amp, accelerator.native_amp = accelerator.native_amp, False
+    try:
+        return accelerator.clip_grad_norm_(parameters, max_norm)
+    finally:
+        accelerator.native_amp = native_amp
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """The mixed precision ``auto`` stands for on `device`; other choices pass through.
+
+    Example:
+        >>> resolve_precision("auto", torch.device("cpu"))
+        'no'
+    """
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "no"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def _with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerConfig:
+    names = {f.name: f for f in dataclasses.fields(TrainerConfig)}
+    for key, value in overrides.items():
+        if key not in names:
+            raise ConfigError(f"SSSTrainer got an unknown setting {key!r}; valid: {', '.join(names)}")
+        if isinstance(value, dict) and dataclasses.is_dataclass(getattr(config, key)):
+            overrides[key] = dataclasses.replace(getattr(config, key), **value)
+    return dataclasses.replace(config, **overrides)
+
+
+def _build_accelerator(cfg: TrainerConfig) -> Accelerator:
+    from accelerate import DataLoaderConfiguration, PartialState
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from sss.callbacks.metrics_logger import make_trackers
+
+    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cfg.cpu).device)
+    accelerator = Accelerator(
+        cpu=cfg.cpu,
+        mixed_precision=precision,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        project_dir=cfg.output_dir,
+        log_with=make_trackers(cfg.log.trackers, Path(cfg.output_dir or "runs/run") / "logs") or None,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
+        step_scheduler_with_optimizer=False,
+    )
+    how = f" (auto on {accelerator.device.type})" if cfg.mixed_precision == "auto" else ""
+    accelerator.print(f"sss: mixed precision {precision}{how}")
+    return accelerator
+
+
+def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
+    from sss.callbacks.checkpoint import ModelCheckpoint
+    from sss.callbacks.metrics_logger import MetricsLogger
+    from sss.callbacks.progress import ProgressBar
+
+    def missing(kind: type) -> bool:
+        return not any(isinstance(c, kind) for c in callbacks)
+
+    stock: list[Callback] = []
+    if cfg.log.progress and missing(ProgressBar):
+        stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
+    if cfg.log.trackers and missing(MetricsLogger):
+        stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
+    ckpt = cfg.checkpoint
+    if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
+        stock.append(ModelCheckpoint(every_n_steps=ckpt.every_n_steps, every_epoch=ckpt.every_epoch, keep_last=ckpt.keep_last))
+    return callbacks + stock  # checkpoints last: they save what the other callbacks just updated

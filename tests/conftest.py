@@ -1,0 +1,20 @@
+"""Shared fixtures: keep runs deterministic and off the user's folders."""
+
+from __future__ import annotations
+
+import os
+
+# Pin MKL's floating-point path before torch loads it (shared/design PITFALLS §D), as `sss` does.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Each test runs in its own folder with a private data cache and 2 threads."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSS_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(2)
+    yield
