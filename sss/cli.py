@@ -79,14 +79,12 @@ def _load_checked(path: str, overrides: list[str]) -> Any:
 
 def _relaunch(num_processes: int, args: list[str]) -> int:
     # Launch ourselves through Accelerate's launcher, the same as `accelerate launch -m sss ...`.
+    # --multi_gpu selects torchrun; without GPUs (or with trainer.cpu=true) the processes form a
+    # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
     import subprocess
 
-    import torch
-
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    cmd += [] if torch.cuda.device_count() >= num_processes else ["--cpu"]
-    cmd += ["-m", "sss", *args]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "sss", *args]
     print("sss: launching", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 

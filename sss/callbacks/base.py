@@ -19,7 +19,9 @@ class Event(str, Enum):
 
         fit(module):
             prepare model, optimizer, scheduler, loaders
-            # FIT_START                   (after a resume: LOAD_CHECKPOINT first)
+            if ckpt_path: restore it
+                # LOAD_CHECKPOINT
+            # FIT_START
             for epoch in epochs:
                 # EPOCH_START
                 for batch_idx, batch in train_loader:
@@ -41,10 +43,11 @@ class Event(str, Enum):
                     # VALIDATION_START
                     gather_for_metrics(module.validation_step(...)) -> state.metrics
                     # VALIDATION_END
-                # EPOCH_END                       (epoch checkpoints save here, after validation)
+                # EPOCH_END
+                # SAVE_CHECKPOINT   (fired by trainer.save_checkpoint once the state is written; the
+                                    #  checkpoint callback saves at EPOCH_END, and at BATCH_END every N steps)
             # FIT_END
         any exception in fit: # EXCEPTION, then it is re-raised
-        trainer.save_checkpoint(dir):  # SAVE_CHECKPOINT, after the state is written
 
     ``validate``/``test`` fire VALIDATION_START and VALIDATION_END only (``state.stage`` tells which).
 

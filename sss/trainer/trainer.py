@@ -8,6 +8,7 @@ distributed type. The map of events is in the `Event` docstring (``sss/callbacks
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -184,7 +185,7 @@ class SSSTrainer:
                 self.scheduler.step()  # not prepared, so once per step on every process (Accelerate #2926)
         state.lr = self.optimizer.param_groups[0]["lr"]
         self._fire(Event.AFTER_OPTIMIZER_STEP)
-        self.optimizer.zero_grad(set_to_none=True)
+        _zero_grad(self.optimizer)
         state.micro_step = 0
 
     # ------------------------------------------------------------------ evaluation
@@ -288,6 +289,7 @@ class SSSTrainer:
         from accelerate.utils import set_seed
 
         set_seed(self.config.seed)
+        _cache_package_probes()
         if datamodule is not None:
             datamodule.setup("fit")
             train = train if train is not None else datamodule.train_dataloader()
@@ -364,6 +366,27 @@ def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor]
         accelerator.native_amp = native_amp
 
 
+def _zero_grad(optimizer: Any) -> None:
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    # AcceleratedOptimizer.zero_grad calls inspect.signature on every call (~40 µs); at a sync
+    # step it does nothing else than the inner call, so make that call directly. Wrappers that
+    # override zero_grad (DeepSpeed's) keep their own.
+    if type(optimizer).zero_grad is AcceleratedOptimizer.zero_grad:
+        optimizer.optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _cache_package_probes() -> None:
+    # AcceleratedOptimizer.step searches sys.path for the optional lomo_optim package twice per
+    # step (~65 µs here, shared/design PITFALLS §D); whether it is installed cannot change mid-run.
+    import accelerate.optimizer
+
+    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
+        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
+
+
 def resolve_precision(choice: str, device: torch.device) -> str:
     """The mixed precision ``auto`` stands for on `device`; other choices pass through.
 
@@ -390,18 +413,19 @@ def _with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> Trainer
 
 def _build_accelerator(cfg: TrainerConfig) -> Accelerator:
     from accelerate import DataLoaderConfiguration, PartialState
-    from accelerate.utils import DistributedDataParallelKwargs
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     from sss.callbacks.metrics_logger import make_trackers
 
     precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cfg.cpu).device)
+    out = Path(cfg.output_dir or "runs/run")
     accelerator = Accelerator(
         cpu=cfg.cpu,
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
-        project_dir=cfg.output_dir,
-        log_with=make_trackers(cfg.log.trackers, Path(cfg.output_dir or "runs/run") / "logs") or None,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        log_with=make_trackers(cfg.log.trackers, out / "logs") or None,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
         step_scheduler_with_optimizer=False,
     )

@@ -1,67 +1,38 @@
-"""Two CPU processes (gloo) with per-process batch b train the same model as one process with batch 2b."""
+"""Two CPU processes (gloo, launched by `accelerate launch`) with per-process batch b train the same
+model as one process with batch 2b."""
 
 from __future__ import annotations
 
-import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from accelerate import debug_launcher
-from torch.utils.data import DataLoader
 
-from sss import SSSTrainer
-from sss.testing import BoringDataset, BoringModule
-
-CONFIG = {
-    "max_epochs": 2,
-    "cpu": True,
-    "mixed_precision": "no",
-    "max_grad_norm": 1.0,
-    "optim": {
-        "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05, "weight_decay": 0.01},
-        "scheduler": {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 2},
-    },
-    "log": {"progress": False, "trackers": []},
-    "checkpoint": {"every_epoch": False},
-}
+SCRIPT = Path(__file__).parents[1] / "scripts" / "ddp_parity.py"
 
 
-class CountingModule(BoringModule):
-    """Reports how many validation samples reached the metrics (padding duplicates must not)."""
-
-    def compute_metrics(self, outputs):
-        return {**super().compute_metrics(outputs), "count": float(len(outputs["loss"]))}
-
-
-def _run(batch_size: int, out_path: str | None = None) -> dict:
-    torch.manual_seed(0)
-    module = CountingModule()
-    trainer = SSSTrainer(**copy.deepcopy(CONFIG))
-    metrics = trainer.fit(
-        module,
-        train_dataloaders=DataLoader(BoringDataset(48), batch_size=batch_size, shuffle=True),
-        val_dataloaders=DataLoader(BoringDataset(21, seed=1), batch_size=batch_size),
-    )
-    result = {
-        "params": torch.cat([p.detach().flatten() for p in module.parameters()]),
-        "lr": trainer.optimizer.param_groups[0]["lr"],
-        "step": trainer.state.global_step,
-        "total_steps": trainer.total_steps,
-        "samples": trainer.state.samples,
-        "metrics": metrics,
-        "processes": trainer.accelerator.num_processes,
-    }
-    if out_path is not None and trainer.accelerator.is_main_process:
-        torch.save(result, out_path)
-    return result
+def launch(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run SCRIPT-like commands in fresh processes (never fork a process that already ran torch ops)."""
+    # --multi_gpu selects torchrun; without a GPU the processes form a gloo group on the CPU
+    # (Accelerate's --cpu flag would start a single process).
+    multi = ["--multi_gpu"] if nproc > 1 else ["--cpu"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *multi, "--num_processes", str(nproc),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one_process_with_double_batch(tmp_path):
-    out = str(tmp_path / "ddp.pt")
-    debug_launcher(_run, args=(4, out), num_processes=2)
-    ddp = torch.load(out)
-    single = _run(8)
+    ddp_out, single_out = tmp_path / "ddp.pt", tmp_path / "single.pt"
+    done = launch(2, str(SCRIPT), "4", str(ddp_out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = launch(1, str(SCRIPT), "8", str(single_out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ddp, single = torch.load(ddp_out), torch.load(single_out)
     assert ddp["processes"] == 2 and single["processes"] == 1
     assert ddp["step"] == single["step"] == ddp["total_steps"] == 12
     assert ddp["samples"] == single["samples"] == 96

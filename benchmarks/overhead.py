@@ -1,0 +1,134 @@
+"""Framework overhead: the same model, data and optimizer through `SSSTrainer` and a plain PyTorch loop.
+
+Both run in this one process, interleaved round by round (plain, sss, plain, sss, ...), from the
+same initial weights on the same batches. Prints the median per-step time of each, their ratio,
+and the largest parameter difference after the last round (0 means bit-equal).
+
+    python benchmarks/overhead.py                      # tiny MLP
+    python benchmarks/overhead.py --model hunter_small # the default Hunter model (batch 32)
+
+The SSSTrainer runs with the progress bar, loggers and checkpoints off, no clipping, and times
+itself from FIT_START to FIT_END (set-up excluded, as for the plain loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from sss import Callback, LitModule, SSSTrainer  # noqa: E402
+
+
+class MLP(LitModule):
+    """The tiny MLP of the reference figures: 32 -> 64 -> 64 -> 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.net(batch["x"])
+
+    def compute_loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch["label"])
+
+
+class Tensors(Dataset):
+    def __init__(self, n: int, make: dict) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.items = {k: f(n, g) for k, f in make.items()}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.items.values())))
+
+    def __getitem__(self, i: int) -> dict:
+        return {k: v[i] for k, v in self.items.items()}
+
+
+def build(model: str, steps: int) -> tuple[LitModule, Dataset, int]:
+    if model == "mlp":
+        make = {"x": lambda n, g: torch.randn(n, 32, generator=g), "label": lambda n, g: torch.randint(0, 4, (n,), generator=g)}
+        return MLP(), Tensors(steps * 64, make), 64
+    from sss.models import create_model
+
+    make = {
+        "image": lambda n, g: torch.randn(n, 3, 64, 64, generator=g),
+        "audio": lambda n, g: torch.randn(n, 1, 16000, generator=g) * 0.1,
+        "label": lambda n, g: torch.randint(0, 4, (n,), generator=g),
+    }
+    return create_model(model, num_classes=4), Tensors(steps * 32, make), 32
+
+
+def optimizer_for(module: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.0)
+
+
+def run_plain(module: LitModule, loader: DataLoader) -> float:
+    optimizer = optimizer_for(module)
+    module.train()
+    start = time.perf_counter()
+    for batch in loader:
+        loss = module.compute_loss(module(batch), batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+class Clock(Callback):
+    def on_fit_start(self, trainer, module) -> None:
+        self.start = time.perf_counter()
+
+    def on_fit_end(self, trainer, module) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def run_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> float:
+    module.configure_optimizers = lambda: optimizer_for(module)  # the same optimizer as the plain loop
+    clock = Clock()
+    trainer = SSSTrainer(callbacks=[clock], **trainer_kwargs)
+    trainer.fit(module, train_dataloaders=loader)
+    return clock.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mlp", help="mlp, or a registered model name such as hunter_small")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    initial, dataset, batch_size = build(args.model, args.steps)
+    trainer_kwargs = dict(
+        max_epochs=1, cpu=True, mixed_precision="no", max_grad_norm=None, output_dir="runs/benchmark-overhead",
+        log={"progress": False, "trackers": []}, checkpoint={"every_epoch": False},
+    )
+    plain_times, sss_times = [], []
+    for _ in range(args.rounds):
+        plain = copy.deepcopy(initial)
+        plain_times.append(run_plain(plain, DataLoader(dataset, batch_size=batch_size)) / args.steps)
+        ours = copy.deepcopy(initial)
+        sss_times.append(run_sss(ours, DataLoader(dataset, batch_size=batch_size), trainer_kwargs) / args.steps)
+    diff = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ours.parameters()))
+    p, s = statistics.median(plain_times) * 1e3, statistics.median(sss_times) * 1e3
+    print(f"model {args.model}, batch {batch_size}, {args.steps} steps x {args.rounds} rounds, {args.threads} threads")
+    print(f"plain PyTorch loop : {p:.3f} ms/step (median)")
+    print(f"SSSTrainer         : {s:.3f} ms/step (median)")
+    print(f"overhead           : {s - p:+.3f} ms/step, ratio {s / p:.3f}")
+    print(f"max |param diff|   : {diff:.3g}")
+
+
+if __name__ == "__main__":
+    main()

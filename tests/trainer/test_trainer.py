@@ -1,0 +1,127 @@
+"""SSSTrainer behaviour: stopping, validation, unused parameters, settings, checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from sss import SSSTrainer, TrainerConfig
+from sss.callbacks.checkpoint import complete_checkpoints
+from sss.config import ConfigError
+from sss.testing import BoringModule, boring_loader
+from sss.trainer.trainer import resolve_precision
+
+QUIET = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no"}
+
+
+def _params(module):
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+def test_max_steps_stops_mid_epoch_and_validates_at_the_end():
+    trainer = SSSTrainer(max_steps=5, max_epochs=None, checkpoint={"every_epoch": False}, **QUIET)
+    metrics = trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=64), val_dataloaders=boring_loader(n=16))
+    assert trainer.state.global_step == 5 and trainer.state.epoch == 0 and trainer.state.batch_idx == 4
+    assert set(metrics) == {"val/loss", "val/accuracy", "val/macro_f1"}
+    assert trainer.total_steps == 5
+
+
+def test_max_epochs_and_val_every_n_epochs():
+    seen = []
+
+    class Spy(BoringModule):
+        def compute_metrics(self, outputs):
+            seen.append(self.trainer.state.epoch)
+            return super().compute_metrics(outputs)
+
+    trainer = SSSTrainer(max_epochs=5, val_every_n_epochs=2, checkpoint={"every_epoch": False}, **QUIET)
+    trainer.fit(Spy(), train_dataloaders=boring_loader(n=16), val_dataloaders=boring_loader(n=8))
+    assert trainer.state.global_step == 10 and trainer.state.epoch == 5
+    assert seen == [1, 3, 4]  # every 2nd epoch, and always the last
+
+
+def test_training_learns_the_boring_task():
+    module = BoringModule()
+    trainer = SSSTrainer(max_epochs=30, checkpoint={"every_epoch": False}, val_every_n_epochs=30,
+                         optim={"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05}}, **QUIET)
+    metrics = trainer.fit(module, train_dataloaders=boring_loader(n=64, shuffle=True),
+                          val_dataloaders=boring_loader(n=64))
+    assert metrics["val/accuracy"] >= 0.9
+
+
+def test_parameter_without_gradient_is_named_at_the_first_step():
+    class Unused(BoringModule):
+        def __init__(self):
+            super().__init__()
+            self.spare = nn.Linear(2, 2)
+
+    with pytest.raises(RuntimeError, match=r"spare\.weight, spare\.bias.*find_unused_parameters"):
+        SSSTrainer(max_steps=2, checkpoint={"every_epoch": False}, **QUIET).fit(Unused(), train_dataloaders=boring_loader())
+    trainer = SSSTrainer(max_steps=2, find_unused_parameters=True, checkpoint={"every_epoch": False}, **QUIET)
+    with pytest.warns(UserWarning, match="spare.weight"):
+        trainer.fit(Unused(), train_dataloaders=boring_loader())
+    assert trainer.state.global_step == 2
+
+
+def test_clipping_records_the_pre_clip_norm_and_clips():
+    norms = []
+
+    class Watch(BoringModule):
+        pass
+
+    module = Watch()
+    trainer = SSSTrainer(max_steps=1, max_grad_norm=1e-3, checkpoint={"every_epoch": False}, **QUIET)
+    from sss import Callback
+
+    class After(Callback):
+        def on_after_optimizer_step(self, trainer, module):
+            norms.append(torch.norm(torch.stack([p.grad.norm() for p in module.parameters()])))
+
+    trainer.callbacks.insert(0, After())
+    trainer.fit(module, train_dataloaders=boring_loader())
+    assert float(trainer.state.grad_norm) > 1e-2  # the norm before clipping
+    assert float(norms[0]) == pytest.approx(1e-3, rel=1e-3)  # the gradient the optimizer used
+
+
+def test_unknown_or_bad_settings_are_named():
+    with pytest.raises(ConfigError, match="unknown setting 'max_step'"):
+        SSSTrainer(max_step=3)
+    with pytest.raises(ConfigError, match="trainer.gradient_accumulation_steps must be >= 1"):
+        SSSTrainer(gradient_accumulation_steps=0)
+    with pytest.raises(ConfigError, match="trainer.mixed_precision must be one of"):
+        TrainerConfig(mixed_precision="fp8")
+
+
+def test_auto_precision_resolution():
+    assert resolve_precision("auto", torch.device("cpu")) == "no"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+
+
+def test_checkpoints_rotate_refuse_an_earlier_run_and_resume(tmp_path):
+    out = str(tmp_path / "run")
+    cfg = dict(max_epochs=4, output_dir=out, checkpoint={"every_n_steps": 3, "keep_last": 2}, **QUIET)
+    start = BoringModule()
+    straight = copy.deepcopy(start)
+    trainer = SSSTrainer(**cfg)
+    trainer.fit(straight, train_dataloaders=boring_loader(n=32, shuffle=True))
+    kept = complete_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in kept] == ["step_0000015", "step_0000016"]  # 16 steps: every 3rd + epoch ends, last 2
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
+    meta = json.loads((kept[-1] / "trainer_state.json").read_text())
+    assert meta["global_step"] == 16 and meta["resume_epoch"] == 4 and meta["resume_batch"] == 0
+
+    with pytest.raises(FileExistsError, match="already holds checkpoints"):
+        SSSTrainer(**cfg).fit(copy.deepcopy(start), train_dataloaders=boring_loader(n=32, shuffle=True))
+
+    # resume the epoch-end checkpoint after epoch 2 in a new run and finish: same weights
+    first = SSSTrainer(**{**cfg, "max_epochs": 2, "output_dir": str(tmp_path / "half")})
+    first.fit(copy.deepcopy(start), train_dataloaders=boring_loader(n=32, shuffle=True))
+    resumed = copy.deepcopy(start)
+    second = SSSTrainer(**{**cfg, "output_dir": str(tmp_path / "half")})
+    second.fit(resumed, train_dataloaders=boring_loader(n=32, shuffle=True), ckpt_path=first.state.last_checkpoint)
+    assert second.state.global_step == 16
+    assert torch.equal(_params(resumed), _params(straight))
