@@ -18,3 +18,8 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("SSS_CACHE", str(tmp_path / "cache"))
     torch.set_num_threads(2)
     yield
+    # Accelerate keeps process-wide singletons; each test starts from a fresh one.
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
