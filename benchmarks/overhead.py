@@ -21,12 +21,12 @@ import time
 
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
-from sss import Callback, LitModule, SSSTrainer  # noqa: E402
+from sss import Callback, LitModule, SSSTrainer
 
 
 class MLP(LitModule):
@@ -57,7 +57,10 @@ class Tensors(Dataset):
 
 def build(model: str, steps: int) -> tuple[LitModule, Dataset, int]:
     if model == "mlp":
-        make = {"x": lambda n, g: torch.randn(n, 32, generator=g), "label": lambda n, g: torch.randint(0, 4, (n,), generator=g)}
+        make = {
+            "x": lambda n, g: torch.randn(n, 32, generator=g),
+            "label": lambda n, g: torch.randint(0, 4, (n,), generator=g),
+        }
         return MLP(), Tensors(steps * 64, make), 64
     from sss.models import create_model
 
@@ -112,8 +115,13 @@ def main() -> None:
     torch.manual_seed(0)
     initial, dataset, batch_size = build(args.model, args.steps)
     trainer_kwargs = dict(
-        max_epochs=1, cpu=True, mixed_precision="no", max_grad_norm=None, output_dir="runs/benchmark-overhead",
-        log={"progress": False, "trackers": []}, checkpoint={"every_epoch": False},
+        max_epochs=1,
+        cpu=True,
+        mixed_precision="no",
+        max_grad_norm=None,
+        output_dir="runs/benchmark-overhead",
+        log={"progress": False, "trackers": []},
+        checkpoint={"every_epoch": False},
     )
     plain_times, sss_times = [], []
     for _ in range(args.rounds):
@@ -121,7 +129,7 @@ def main() -> None:
         plain_times.append(run_plain(plain, DataLoader(dataset, batch_size=batch_size)) / args.steps)
         ours = copy.deepcopy(initial)
         sss_times.append(run_sss(ours, DataLoader(dataset, batch_size=batch_size), trainer_kwargs) / args.steps)
-    diff = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ours.parameters()))
+    diff = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ours.parameters(), strict=True))
     p, s = statistics.median(plain_times) * 1e3, statistics.median(sss_times) * 1e3
     print(f"model {args.model}, batch {batch_size}, {args.steps} steps x {args.rounds} rounds, {args.threads} threads")
     print(f"plain PyTorch loop : {p:.3f} ms/step (median)")

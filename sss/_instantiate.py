@@ -144,7 +144,7 @@ def _check_types(target: Any, args: dict[str, Any], key: str) -> list[str]:
     errors = []
     for name, value in args.items():
         allowed = _simple_types(hints.get(name))
-        if allowed is None or value is None and type(None) in allowed:
+        if allowed is None or (value is None and type(None) in allowed):
             continue
         if not any(_fits(value, t) for t in allowed):
             want = " or ".join(_SIMPLE.get(t, t.__name__) for t in allowed if t is not type(None))

@@ -92,7 +92,9 @@ def _resume_path(out: Path, resume: str | None) -> Path | None:
         return path
     found = complete_checkpoints(out / "checkpoints")
     if not found:
-        raise SystemExit(f"error: --resume: no complete checkpoint in {out / 'checkpoints'}; train without --resume first")
+        raise SystemExit(
+            f"error: --resume: no complete checkpoint in {out / 'checkpoints'}; train without --resume first"
+        )
     return found[-1]
 
 
@@ -116,7 +118,9 @@ def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any)
     results = {}
     for kept, zeroed in (("image", "audio"), ("audio", "image")):
         ablated = torch.utils.data.DataLoader(
-            loader.dataset, batch_size=loader.batch_size, num_workers=loader.num_workers,
+            loader.dataset,
+            batch_size=loader.batch_size,
+            num_workers=loader.num_workers,
             collate_fn=_ZeroModality(loader.collate_fn, zeroed),
         )
         metrics = trainer.validate(module, dataloaders=ablated, prefix=f"val_{kept}_only")

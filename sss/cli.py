@@ -32,7 +32,8 @@ def check(config: str, overrides: list[str]) -> int:
     cfg = _load_checked(config, overrides)
     if cfg is None:
         return EXIT_CONFIG
-    print(f"{config}: ok (model {cfg.model.get('_target_')}, data {cfg.data.get('_target_')}, output {cfg.trainer.output_dir})")
+    parts = f"model {cfg.model.get('_target_')}, data {cfg.data.get('_target_')}, output {cfg.trainer.output_dir}"
+    print(f"{config}: ok ({parts})")
     return 0
 
 
@@ -83,8 +84,23 @@ def _relaunch(num_processes: int, args: list[str]) -> int:
     # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
     import subprocess
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "sss", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "sss",
+        *args,
+    ]
     print("sss: launching", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
@@ -97,13 +113,23 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     epilog = f"overrides are key=value pairs, e.g. trainer.max_steps=100\n\nconfig fields:\n{fields}"
     for name in ("fit", "check", "config"):
-        p = sub.add_parser(name, help=COMMANDS[name].__doc__, description=COMMANDS[name].__doc__,
-                           epilog=epilog if name == "fit" else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=COMMANDS[name].__doc__,
+            description=COMMANDS[name].__doc__,
+            epilog=epilog if name == "fit" else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("config", help="YAML config file, e.g. examples/industrial.yaml")
         p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
         if name == "fit":
-            p.add_argument("--resume", nargs="?", const="latest", default=None,
-                           help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH")
+            p.add_argument(
+                "--resume",
+                nargs="?",
+                const="latest",
+                default=None,
+                help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
+            )
             p.add_argument("--num-processes", type=int, default=None, help="launch N processes through Accelerate")
     p = sub.add_parser("data", help=data.__doc__, description=data.__doc__)
     p.add_argument("action", choices=["make"])

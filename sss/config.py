@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,17 +139,29 @@ class TrainerConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
-        _require(self.max_epochs is not None or self.max_steps is not None,
-                 "trainer.max_epochs and trainer.max_steps are both null: set at least one")
-        _require(self.max_epochs is None or self.max_epochs >= 1, f"trainer.max_epochs must be >= 1, got {self.max_epochs}")
+        _require(
+            self.max_epochs is not None or self.max_steps is not None,
+            "trainer.max_epochs and trainer.max_steps are both null: set at least one",
+        )
+        _require(
+            self.max_epochs is None or self.max_epochs >= 1, f"trainer.max_epochs must be >= 1, got {self.max_epochs}"
+        )
         _require(self.max_steps is None or self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
-        _require(self.mixed_precision in PRECISIONS,
-                 f"trainer.mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
-        _require(self.gradient_accumulation_steps >= 1,
-                 f"trainer.gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
-        _require(self.max_grad_norm is None or self.max_grad_norm > 0,
-                 f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}")
-        _require(self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}")
+        _require(
+            self.mixed_precision in PRECISIONS,
+            f"trainer.mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}",
+        )
+        _require(
+            self.gradient_accumulation_steps >= 1,
+            f"trainer.gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}",
+        )
+        _require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}",
+        )
+        _require(
+            self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}"
+        )
 
 
 @dataclass
@@ -196,6 +209,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key = getattr(exc, "full_key", None) or "?"
         reason = str(exc).splitlines()[0]
         raise ConfigError(f"{where}: {key}: {reason}") from None
+    except TypeError:  # a list where a mapping belongs, or the reverse; OmegaConf does not say where
+        data = OmegaConf.to_container(_read_yaml(Path(path))) if path is not None else {}
+        key = _container_mismatch(OmegaConf.structured(SSSConfig), data)
+        raise ConfigError(f"{where}: {key}: a list and a mapping are mixed up here; see `sss config` output") from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     if not config.name:
@@ -226,6 +243,22 @@ def _read_yaml(path: Path) -> Any:
     return OmegaConf.create(data)
 
 
+def _container_mismatch(schema: Any, data: Any, prefix: str = "") -> str:
+    from omegaconf import DictConfig, ListConfig
+
+    for key, value in data.items():
+        expected = schema.get(key) if isinstance(schema, DictConfig) else None
+        if isinstance(expected, ListConfig) and not isinstance(value, list):
+            return f"{prefix}{key} (expected a list)"
+        if isinstance(expected, DictConfig) and not isinstance(value, dict):
+            return f"{prefix}{key} (expected a mapping)"
+        if isinstance(expected, DictConfig) and isinstance(value, dict):
+            found = _container_mismatch(expected, value, f"{prefix}{key}.")
+            if found != "?":
+                return found
+    return "?"
+
+
 def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> Any:
     from omegaconf import OmegaConf
 
@@ -245,7 +278,9 @@ def check_config(config: SSSConfig) -> list[str]:
     errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
     if config.model:
         errors += check_target(config.model, "model")
-    errors += check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
+    errors += (
+        check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
+    )
     errors += check_target(config.trainer.optim.optimizer, "trainer.optim.optimizer")
     if config.trainer.optim.scheduler is not None:
         errors += check_target(config.trainer.optim.scheduler, "trainer.optim.scheduler")
@@ -290,8 +325,9 @@ def _attribute_docstrings(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+    for node, nxt in itertools.pairwise(body):
+        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+        if is_field and is_doc:
+            docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs

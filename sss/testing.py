@@ -71,7 +71,9 @@ class BoringDataset(torch.utils.data.Dataset):
         return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i], "index": i}
 
 
-def boring_loader(n: int = 64, batch_size: int = 8, shuffle: bool = False, seed: int = 0) -> torch.utils.data.DataLoader:
+def boring_loader(
+    n: int = 64, batch_size: int = 8, shuffle: bool = False, seed: int = 0
+) -> torch.utils.data.DataLoader:
     """A DataLoader over `BoringDataset`.
 
     Example:

@@ -7,8 +7,8 @@ import os
 # Pin MKL's floating-point path before torch loads it (shared/design PITFALLS §D), as `sss` does.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)

@@ -45,7 +45,11 @@ class ModelCheckpoint(Callback):
     """
 
     def __init__(
-        self, every_n_steps: int | None = None, every_epoch: bool = True, keep_last: int | None = 3, dirpath: str | None = None
+        self,
+        every_n_steps: int | None = None,
+        every_epoch: bool = True,
+        keep_last: int | None = 3,
+        dirpath: str | None = None,
     ) -> None:
         self.every_n_steps = every_n_steps
         self.every_epoch = every_epoch

@@ -1,4 +1,4 @@
-"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV always, TensorBoard when installed)."""
+"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV; TensorBoard when installed)."""
 
 from __future__ import annotations
 

@@ -45,8 +45,13 @@ class ProgressBar(Callback):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._progress = Progress(
-            TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console, auto_refresh=False,
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            console=console,
+            auto_refresh=False,
         )
         self._progress.start()
         self._task = self._progress.add_task("train", total=trainer.total_steps or None, epoch=0, info="")
@@ -59,7 +64,9 @@ class ProgressBar(Callback):
             now = time.monotonic()
             if now - self._last_draw >= self.refresh_seconds:
                 self._last_draw = now
-                self._progress.update(self._task, completed=state.global_step, epoch=state.epoch, info=self._info(trainer))
+                self._progress.update(
+                    self._task, completed=state.global_step, epoch=state.epoch, info=self._info(trainer)
+                )
                 self._progress.refresh()
         elif state.micro_step == 0 and state.global_step % self.every_n_steps == 0 and not state.step_was_skipped:
             total = f"/{trainer.total_steps}" if trainer.total_steps else ""

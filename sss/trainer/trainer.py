@@ -190,16 +190,25 @@ class SSSTrainer:
 
     # ------------------------------------------------------------------ evaluation
     def validate(
-        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None, prefix: str = "val"
+        self,
+        module: LitModule,
+        datamodule: Any = None,
+        *,
+        dataloaders: Iterable[Any] | None = None,
+        prefix: str = "val",
     ) -> dict[str, float]:
         """Evaluate on the validation data; metrics are named ``<prefix>/<name>``."""
         return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix)
 
-    def test(self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None) -> dict[str, float]:
+    def test(
+        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None
+    ) -> dict[str, float]:
         """Evaluate on the test data; metrics are named ``test/<name>``."""
         return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), "test")
 
-    def predict(self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None) -> list[Any]:
+    def predict(
+        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None
+    ) -> list[Any]:
         """`predict_step` outputs per batch, gathered from all processes (padding duplicates dropped)."""
         loader = self._eval_loader(module, datamodule, dataloaders, "predict")
         self.state.stage = "predict"
@@ -270,7 +279,9 @@ class SSSTrainer:
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         state = self.state
-        resume_epoch, resume_batch = (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
+        resume_epoch, resume_batch = (
+            (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
+        )
         return {
             "global_step": state.global_step,
             "skipped_steps": state.skipped_steps,
@@ -315,14 +326,20 @@ class SSSTrainer:
             self.model, self.module = self.accelerator.prepare(_StepRouter(module)), module
         if loader is None and datamodule is not None:
             datamodule.setup(stage)
-            loader = getattr(datamodule, {"validate": "val", "test": "test", "predict": "predict"}[stage] + "_dataloader")()
+            loader = getattr(
+                datamodule, {"validate": "val", "test": "test", "predict": "predict"}[stage] + "_dataloader"
+            )()
         if loader is None:
-            raise ValueError(f"{stage}() found no data: pass dataloaders= or a datamodule that provides the {stage} split")
+            raise ValueError(
+                f"{stage}() found no data: pass dataloaders= or a datamodule that provides the {stage} split"
+            )
         return self.accelerator.prepare(loader)
 
     def _count_total_steps(self, loader: Any) -> int:
         cfg = self.config
-        per_epoch = math.ceil(len(loader) / self.accelerator.gradient_accumulation_steps) if hasattr(loader, "__len__") else 0
+        per_epoch = (
+            math.ceil(len(loader) / self.accelerator.gradient_accumulation_steps) if hasattr(loader, "__len__") else 0
+        )
         candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]
         return min(candidates) if candidates else 0
 
@@ -349,7 +366,11 @@ class SSSTrainer:
 
     def _should_finish(self) -> bool:
         cfg, state = self.config, self.state
-        return state.should_stop or self._max_steps_reached() or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
+        return (
+            state.should_stop
+            or self._max_steps_reached()
+            or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
+        )
 
     def _fire(self, event: Event) -> None:
         for callback in self.callbacks:
@@ -449,5 +470,7 @@ def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list
         stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
     ckpt = cfg.checkpoint
     if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
-        stock.append(ModelCheckpoint(every_n_steps=ckpt.every_n_steps, every_epoch=ckpt.every_epoch, keep_last=ckpt.keep_last))
+        stock.append(
+            ModelCheckpoint(every_n_steps=ckpt.every_n_steps, every_epoch=ckpt.every_epoch, keep_last=ckpt.keep_last)
+        )
     return callbacks + stock  # checkpoints last: they save what the other callbacks just updated

@@ -45,7 +45,9 @@ def _expected(epochs: int, batches: int, window: int, save_every_epoch: bool) ->
 
 def test_event_order_matches_the_map_in_the_event_docstring():
     recorder = EventRecorder()
-    trainer = SSSTrainer(max_epochs=2, gradient_accumulation_steps=2, callbacks=[recorder], mixed_precision="no", **QUIET)
+    trainer = SSSTrainer(
+        max_epochs=2, gradient_accumulation_steps=2, callbacks=[recorder], mixed_precision="no", **QUIET
+    )
     trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=24, batch_size=8), val_dataloaders=boring_loader(n=8))
     assert recorder.events == _expected(epochs=2, batches=3, window=2, save_every_epoch=True)
     # without accumulation, events appear for the first time in the order the docstring lists them
@@ -64,7 +66,9 @@ def test_exception_event_fires_and_error_is_reraised():
             raise RuntimeError("boom")
 
     recorder = EventRecorder()
-    trainer = SSSTrainer(max_epochs=1, callbacks=[recorder], mixed_precision="no", checkpoint={"every_epoch": False}, **QUIET)
+    trainer = SSSTrainer(
+        max_epochs=1, callbacks=[recorder], mixed_precision="no", checkpoint={"every_epoch": False}, **QUIET
+    )
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Boom(), train_dataloaders=boring_loader())
     assert recorder.events[-1] is Event.EXCEPTION
@@ -89,8 +93,13 @@ def test_every_callback_survives_two_fits(callback_name, tmp_path):
     cls = getattr(sss.callbacks, callback_name, None) or getattr(sss.testing, callback_name)
     callback = cls()
     for run in range(2):
-        trainer = SSSTrainer(max_steps=3, callbacks=[callback], mixed_precision="no", output_dir=str(tmp_path / f"r{run}"),
-                             log={"progress": False, "trackers": ["csv"]})
+        trainer = SSSTrainer(
+            max_steps=3,
+            callbacks=[callback],
+            mixed_precision="no",
+            output_dir=str(tmp_path / f"r{run}"),
+            log={"progress": False, "trackers": ["csv"]},
+        )
         trainer.fit(BoringModule(), train_dataloaders=boring_loader(), val_dataloaders=boring_loader(n=8))
         assert trainer.state.global_step == 3
 

@@ -19,8 +19,23 @@ def launch(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedPr
     # --multi_gpu selects torchrun; without a GPU the processes form a gloo group on the CPU
     # (Accelerate's --cpu flag would start a single process).
     multi = ["--multi_gpu"] if nproc > 1 else ["--cpu"]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *multi, "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *multi,
+        "--num_processes",
+        str(nproc),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 

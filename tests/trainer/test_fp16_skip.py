@@ -26,7 +26,7 @@ class ParamWatch(Callback):
         self.grads_finite = all(torch.isfinite(p.grad).all() for p in module.parameters())
 
     def on_after_optimizer_step(self, trainer, module):
-        moved = any(not torch.equal(a, p) for a, p in zip(self.before, module.parameters()))
+        moved = any(not torch.equal(a, p) for a, p in zip(self.before, module.parameters(), strict=True))
         s = trainer.state
         self.rows.append((s.step_was_skipped, moved, s.global_step, s.skipped_steps, s.lr, self.grads_finite))
 
@@ -56,8 +56,12 @@ def test_skipped_fp16_step_leaves_step_and_lr(accumulation):
     accelerator = _fp16_cpu_accelerator(init_scale=2.0**4, accumulation=accumulation)
     sched = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 1, "gamma": 0.5}
     trainer = SSSTrainer(
-        accelerator=accelerator, callbacks=[watch], max_steps=4, gradient_accumulation_steps=accumulation,
-        optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.1}, "scheduler": sched}, **QUIET,
+        accelerator=accelerator,
+        callbacks=[watch],
+        max_steps=4,
+        gradient_accumulation_steps=accumulation,
+        optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.1}, "scheduler": sched},
+        **QUIET,
     )
     trainer.fit(module, train_dataloaders=boring_loader(n=64, batch_size=4))
 

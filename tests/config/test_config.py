@@ -1,0 +1,135 @@
+"""Config: merge order, checks without building, and clear errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sss.cli import main
+from sss.config import ConfigError, SSSConfig, check_config, field_docs, load_config
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("**/*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_config_checks(path, capsys):
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    assert "ok" in capsys.readouterr().out
+
+
+def test_examples_exist():
+    assert any(p.name == "industrial.yaml" for p in EXAMPLES)
+
+
+def test_merge_order_defaults_yaml_overrides(tmp_path):
+    cfg_file = tmp_path / "exp.yaml"
+    cfg_file.write_text("trainer:\n  max_epochs: 3\n  seed: 1\n")
+    cfg = load_config(cfg_file, ["trainer.seed=7"])
+    assert cfg.trainer.max_epochs == 3  # from YAML
+    assert cfg.trainer.seed == 7  # override wins
+    assert cfg.trainer.gradient_accumulation_steps == 1  # default
+    assert cfg.name == "exp" and cfg.trainer.output_dir == "runs/exp"
+
+
+GOOD = """
+model: {_target_: sss.models.create_model, name: hunter_tiny, num_classes: 4}
+data: {_target_: sss.data.IndustrialDataModule, n_train: 16}
+"""
+
+# (name, YAML added to GOOD or overrides, expected key in the message)
+MALFORMED = [
+    ("unknown key", "trainer:\n  max_stepz: 3\n", "trainer.max_stepz"),
+    ("wrong type", "trainer:\n  max_steps: lots\n", "trainer.max_steps"),
+    ("negative accumulation", "trainer:\n  gradient_accumulation_steps: -2\n", "trainer.gradient_accumulation_steps"),
+    ("bad precision", "trainer:\n  mixed_precision: fp64\n", "trainer.mixed_precision"),
+    ("unimportable target", "callbacks:\n  - {_target_: sss.callbacks.NoSuchCallback}\n", "callbacks[0]._target_"),
+    (
+        "unknown module in target",
+        "trainer:\n  optim:\n    optimizer: {_target_: torch.optimz.AdamW}\n",
+        "trainer.optim.optimizer._target_",
+    ),
+    (
+        "bad argument name",
+        "trainer:\n  optim:\n    optimizer: {_target_: torch.optim.AdamW, learning_rate: 0.1}\n",
+        "trainer.optim.optimizer.learning_rate",
+    ),
+    (
+        "bad model argument",
+        "model: {_target_: sss.models.create_model, name: hunter_tiny, num_clases: 4}\n",
+        "model.num_clases",
+    ),
+    ("unknown model", "model: {_target_: sss.models.create_model, name: hunter_huge}\n", "model.name"),
+    ("wrong argument type", "data: {_target_: sss.data.IndustrialDataModule, batch_size: many}\n", "data.batch_size"),
+    ("missing target", "data: {batch_size: 4}\n", "data._target_"),
+    ("callbacks not a list", "callbacks: {_target_: sss.callbacks.ProgressBar}\n", "callbacks"),
+    ("clip must be positive", "trainer:\n  max_grad_norm: 0\n", "trainer.max_grad_norm"),
+    ("no stopping rule", "trainer:\n  max_epochs: null\n", "trainer.max_epochs"),
+]
+
+
+@pytest.mark.parametrize(("name", "extra", "key"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_configs_exit_2_naming_the_key(name, extra, key, tmp_path, capsys):
+    import yaml
+
+    merged = {**yaml.safe_load(GOOD), **yaml.safe_load(extra)}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert key in err, err
+    assert str(path) in err
+
+
+def test_bad_yaml_and_missing_file_name_the_file(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer:\n  max_steps: [1,\n")
+    assert main(["check", str(broken)]) == 2
+    assert "broken.yaml" in capsys.readouterr().err
+    assert main(["check", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
+    assert main(["check", str(broken.parent / "ok.yaml"), "trainer.max_steps"]) == 2
+
+
+def test_override_without_equals_is_refused():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["trainer.max_steps"])
+
+
+def test_check_builds_nothing(monkeypatch):
+    import sss.data
+
+    built = []
+    monkeypatch.setattr(sss.data.IndustrialDataModule, "__init__", lambda self, **kw: built.append(kw))
+    cfg = load_config(
+        None,
+        [
+            "model._target_=sss.models.create_model",
+            "model.name=hunter_tiny",
+            "data._target_=sss.data.IndustrialDataModule",
+            "data.n_train=8",
+        ],
+    )
+    assert check_config(cfg) == []
+    assert built == []
+
+
+def test_field_docs_feed_fit_help():
+    rows = {key: doc for key, _, doc in field_docs(SSSConfig)}
+    assert rows.get("trainer.gradient_accumulation_steps")
+    assert "trainer.checkpoint.every_n_steps" in rows
+    out = subprocess.run([sys.executable, "-m", "sss", "fit", "--help"], capture_output=True, text=True).stdout
+    assert "trainer.max_grad_norm" in out and "Clip the global gradient norm" in out
+
+
+def test_help_does_not_import_torch():
+    code = "import sys, sss.cli; sss.cli._parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_config_command_prints_resolved_yaml(capsys, tmp_path):
+    assert main(["config", str(EXAMPLES[0]), "trainer.max_steps=9"]) == 0
+    assert "max_steps: 9" in capsys.readouterr().out
