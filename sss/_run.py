@@ -11,7 +11,7 @@ import torch
 
 from sss.callbacks.checkpoint import complete_checkpoints
 from sss.config import SSSConfig, instantiate, to_yaml
-from sss.trainer.trainer import SSSTrainer
+from sss.trainer.trainer import SSSTrainer, use_cpu
 
 __all__ = ["export_model", "run_fit"]
 
@@ -25,7 +25,7 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     from accelerate.utils import set_seed
 
     wall_start = time.perf_counter()
-    state = PartialState(cpu=cfg.trainer.cpu)
+    state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
     cfg.trainer.output_dir = _output_dir(cfg, resume, state)
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume)
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
@@ -57,6 +57,7 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
         (out / "results.json").write_text(json.dumps(results, indent=2))
         _print_results(cfg.name, results, out / "results.json")
     state.wait_for_everyone()
+    state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
     return results
 
 
@@ -130,10 +131,12 @@ def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any)
 
 def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], folder: Path) -> Path:
     """Write the portable model folder: ``model.safetensors``, ``config.yaml`` and a ``README.md`` model card."""
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_model(module, str(folder / "model.safetensors"))
+    # Own contiguous copies: safetensors refuses tensors that share or view another's storage.
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt", "sss_model": type(module).__name__})
     (folder / "config.yaml").write_text(to_yaml(cfg))
     rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
     params = sum(p.numel() for p in module.parameters())

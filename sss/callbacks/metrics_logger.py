@@ -113,10 +113,17 @@ class MetricsLogger(Callback):
             self._logged.update(fresh)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        trainer.accelerator.end_training()
+        self._finish(trainer)
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
-        trainer.accelerator.end_training()
+        self._finish(trainer)
+
+    def _finish(self, trainer: SSSTrainer) -> None:
+        # Not accelerator.end_training(): it also destroys the process group, and evaluation or
+        # export may still follow the fit.
+        for tracker in trainer.accelerator.trackers:
+            tracker.finish()
+        trainer.accelerator.trackers.clear()
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

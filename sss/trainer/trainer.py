@@ -25,7 +25,7 @@ from sss.config import ConfigError, TrainerConfig
 from sss.trainer.module import LitModule, _batch_size
 from sss.trainer.state import TrainState
 
-__all__ = ["SSSTrainer", "resolve_precision"]
+__all__ = ["SSSTrainer", "resolve_precision", "use_cpu"]
 
 
 class _StepRouter(nn.Module):
@@ -310,6 +310,7 @@ class SSSTrainer:
         train = self.accelerator.prepare(train)
         val = self.accelerator.prepare(val) if val is not None else None
         self.total_steps = self._count_total_steps(train)
+        _own_buffer_storage(module)
         module.trainer = self
         configured = module.configure_optimizers()
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
@@ -322,6 +323,7 @@ class SSSTrainer:
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
         if module is not self.module:
+            _own_buffer_storage(module)
             module.trainer = self
             self.model, self.module = self.accelerator.prepare(_StepRouter(module)), module
         if loader is None and datamodule is not None:
@@ -387,6 +389,15 @@ def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor]
         accelerator.native_amp = native_amp
 
 
+def _own_buffer_storage(module: nn.Module) -> None:
+    # torch.hann_window(n) returns a view of a longer storage, so torchaudio's Spectrogram
+    # window is one; safetensors then refuses the whole state dict (in save_state and export).
+    for owner in module.modules():
+        for name, buf in owner.named_buffers(recurse=False):
+            if buf is not None and buf.untyped_storage().nbytes() != buf.numel() * buf.element_size():
+                owner._buffers[name] = buf.clone()
+
+
 def _zero_grad(optimizer: Any) -> None:
     from accelerate.optimizer import AcceleratedOptimizer
 
@@ -406,6 +417,26 @@ def _cache_package_probes() -> None:
 
     if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
+
+
+def use_cpu(requested: bool) -> bool:
+    """Whether Accelerate must be told ``cpu=True``: asked for, or launched as several processes without an accelerator.
+
+    Under a multi-process launch Accelerate forms a gloo group on the CPU only when told
+    ``cpu=True``; otherwise, finding no GPU, it silently runs N independent copies.
+
+    Example:
+        >>> use_cpu(True)
+        True
+    """
+    import os
+
+    if requested:
+        return True
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
+    probe = getattr(torch, "accelerator", None)
+    has_accelerator = probe.is_available() if probe is not None else torch.cuda.is_available()
+    return launched and not has_accelerator
 
 
 def resolve_precision(choice: str, device: torch.device) -> str:
@@ -438,10 +469,11 @@ def _build_accelerator(cfg: TrainerConfig) -> Accelerator:
 
     from sss.callbacks.metrics_logger import make_trackers
 
-    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cfg.cpu).device)
+    cpu = use_cpu(cfg.cpu)
+    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cpu).device)
     out = Path(cfg.output_dir or "runs/run")
     accelerator = Accelerator(
-        cpu=cfg.cpu,
+        cpu=cpu,
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),

@@ -133,3 +133,15 @@ def test_checkpoints_rotate_refuse_an_earlier_run_and_resume(tmp_path):
     second.fit(resumed, train_dataloaders=boring_loader(n=32, shuffle=True), ckpt_path=first.state.last_checkpoint)
     assert second.state.global_step == 16
     assert torch.equal(_params(resumed), _params(straight))
+
+
+def test_buffers_that_view_a_longer_storage_still_checkpoint(tmp_path):
+    # torch.hann_window (torchaudio's Spectrogram window) is a view of a longer storage, which
+    # safetensors refuses; the trainer gives such buffers their own storage.
+    module = BoringModule()
+    module.register_buffer("window", torch.hann_window(400))
+    assert module.window.untyped_storage().nbytes() > 400 * 4
+    trainer = SSSTrainer(max_steps=2, output_dir=str(tmp_path / "w"), checkpoint={"every_n_steps": 1}, **QUIET)
+    trainer.fit(module, train_dataloaders=boring_loader())
+    assert torch.equal(module.window, torch.hann_window(400))
+    assert len(complete_checkpoints(tmp_path / "w" / "checkpoints")) == 2

@@ -1,0 +1,90 @@
+"""`sss fit` end to end on shortened runs: results.json, export, output folders, resume, two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sss.cli import main
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
+SHORT = [
+    "model.name=hunter_tiny",
+    "data.n_train=48",
+    "data.n_val=16",
+    "data.n_test=8",
+    "data.batch_size=8",
+    "trainer.log.progress=false",
+]
+KEYS = {
+    "val/accuracy",
+    "val/accuracy_image_only",
+    "val/accuracy_audio_only",
+    "val/macro_f1",
+    "wall_seconds",
+    "train_samples_per_second",
+    "checkpoint_dir",
+    "model_dir",
+}
+
+
+@pytest.mark.slow
+def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
+    assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0
+    out = capsys.readouterr().out
+    assert "results" in out and "val/accuracy" in out
+    results = json.loads(Path("runs/industrial/results.json").read_text())
+    assert KEYS <= set(results)
+    assert Path(results["checkpoint_dir"], "trainer_state.json").is_file()
+    model_dir = Path(results["model_dir"])
+    assert {p.name for p in model_dir.iterdir()} == {"model.safetensors", "config.yaml", "README.md"}
+    assert Path("runs/industrial/config.yaml").read_text().count("hunter_tiny") == 1
+    assert Path("runs/industrial/logs/metrics.csv").is_file()
+
+    # the same command again never writes into the first run's folder
+    assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0
+    assert Path("runs/industrial_1/results.json").is_file()
+
+    # --resume continues the first run: step numbering goes on from its checkpoint
+    assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=8", "--resume"]) == 0
+    resumed = json.loads(Path("runs/industrial/results.json").read_text())
+    assert resumed["global_step"] == 8
+    assert resumed["checkpoint_dir"].endswith("step_0000008")
+
+
+def test_resume_without_a_checkpoint_says_so(capsys):
+    with pytest.raises(SystemExit, match="no complete checkpoint"):
+        main(["fit", EXAMPLE, *SHORT, "--resume"])
+
+
+def test_explicit_output_dir_with_checkpoints_is_refused(tmp_path):
+    ckpt = tmp_path / "mine" / "checkpoints" / "step_0000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="already holds checkpoints"):
+        main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=2", f"trainer.output_dir={tmp_path / 'mine'}"])
+    assert (ckpt / "trainer_state.json").read_text() == "{}"  # untouched
+
+
+@pytest.mark.slow
+def test_fit_with_two_processes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "sss", "fit", EXAMPLE, *SHORT, "trainer.max_steps=3", "--num-processes", "2"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((tmp_path / "runs" / "industrial" / "results.json").read_text())
+    assert results["global_step"] == 3 and KEYS <= set(results)
+
+
+def test_unknown_command_and_bad_config_exit_codes(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
+    assert main(["fit", EXAMPLE, "trainer.max_steps=-1"]) == 2
+    assert "trainer.max_steps must be >= 1" in capsys.readouterr().err
