@@ -145,3 +145,33 @@ def test_buffers_that_view_a_longer_storage_still_checkpoint(tmp_path):
     trainer.fit(module, train_dataloaders=boring_loader())
     assert torch.equal(module.window, torch.hann_window(400))
     assert len(complete_checkpoints(tmp_path / "w" / "checkpoints")) == 2
+
+
+def test_mid_epoch_resume_is_bitwise_equal_with_a_negative_control(tmp_path):
+    # 5 steps per epoch, shuffled; checkpoints at steps 3, 6, 9, 12 fall mid-epoch and across epochs.
+    quiet = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no"}
+    start = BoringModule()
+    straight = copy.deepcopy(start)
+    every3 = {"every_n_steps": 3, "keep_last": None, "every_epoch": False}
+    SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "a"), checkpoint=every3, **quiet).fit(
+        straight, train_dataloaders=boring_loader(n=40, batch_size=8, shuffle=True)
+    )
+    checkpoints = complete_checkpoints(tmp_path / "a" / "checkpoints")
+    assert [p.name for p in checkpoints] == [f"step_{n:07d}" for n in (3, 6, 9, 12, 15)]
+    for ckpt in (checkpoints[0], checkpoints[2]):
+        resumed = copy.deepcopy(start)
+        trainer = SSSTrainer(
+            max_epochs=3, output_dir=str(tmp_path / ckpt.name), checkpoint={"every_epoch": False}, **quiet
+        )
+        trainer.fit(resumed, train_dataloaders=boring_loader(n=40, batch_size=8, shuffle=True), ckpt_path=ckpt)
+        assert trainer.state.global_step == 15
+        assert torch.equal(_params(resumed), _params(straight)), ckpt.name
+
+    # Negative control: the same resume with the data position forgotten replays the epoch from its start.
+    resumed = copy.deepcopy(start)
+    trainer = SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "control"), checkpoint={"every_epoch": False}, **quiet)
+    meta = json.loads((checkpoints[0] / "trainer_state.json").read_text())
+    meta["resume_batch"] = 0
+    (checkpoints[0] / "trainer_state.json").write_text(json.dumps(meta))
+    trainer.fit(resumed, train_dataloaders=boring_loader(n=40, batch_size=8, shuffle=True), ckpt_path=checkpoints[0])
+    assert not torch.equal(_params(resumed), _params(straight))
