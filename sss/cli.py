@@ -80,29 +80,34 @@ def _load_checked(path: str, overrides: list[str]) -> Any:
 
 def _relaunch(num_processes: int, args: list[str]) -> int:
     # Launch ourselves through Accelerate's launcher, the same as `accelerate launch -m sss ...`.
-    # --multi_gpu selects torchrun; without GPUs (or with trainer.cpu=true) the processes form a
-    # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
     import subprocess
 
-    cmd = [
+    cmd = launch_command(num_processes, ["-m", "sss", *args])
+    print("sss: launching", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def launch_command(num_processes: int, target: list[str]) -> list[str]:
+    """The ``accelerate launch`` command line that runs `target` (a script, or ``-m module``) in N processes.
+
+    Example:
+        >>> launch_command(2, ["-m", "sss", "fit", "x.yaml"])[3:6]
+        ['--multi_gpu', '--num_processes', '2']
+    """
+    # --multi_gpu selects torchrun; without GPUs (or with trainer.cpu=true) the processes form a
+    # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
+    multi = ["--multi_gpu"] if num_processes > 1 else ["--cpu"]
+    common = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    return [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--multi_gpu",
+        *multi,
         "--num_processes",
         str(num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "sss",
-        *args,
+        *common,
+        *target,
     ]
-    print("sss: launching", " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -89,7 +89,6 @@ class MetricsLogger(Callback):
 
     def __init__(self, every_n_steps: int = 10) -> None:
         self.every_n_steps = every_n_steps
-        self._logged: dict[str, float] = {}
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
@@ -106,11 +105,8 @@ class MetricsLogger(Callback):
         trainer.accelerator.log(values, step=state.global_step)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        # state.metrics keeps every name seen so far; log only what this evaluation produced or changed
-        fresh = {k: v for k, v in trainer.state.metrics.items() if self._logged.get(k) != v}
-        if fresh:
-            trainer.accelerator.log(fresh, step=trainer.state.global_step)
-            self._logged.update(fresh)
+        if trainer.state.eval_metrics:
+            trainer.accelerator.log(dict(trainer.state.eval_metrics), step=trainer.state.global_step)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._finish(trainer)

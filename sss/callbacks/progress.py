@@ -73,8 +73,8 @@ class ProgressBar(Callback):
             print(f"epoch {state.epoch} step {state.global_step}{total} {self._info(trainer)}", flush=True)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        if self._active and trainer.state.metrics:
-            line = "  ".join(f"{k} {v:.4f}" for k, v in trainer.state.metrics.items())
+        if self._active and trainer.state.eval_metrics:
+            line = "  ".join(f"{k} {v:.4f}" for k, v in trainer.state.eval_metrics.items())
             (self._progress.console.print if self._progress is not None else print)(f"[{trainer.state.stage}] {line}")
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:

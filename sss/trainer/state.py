@@ -43,7 +43,9 @@ class TrainState:
     lr: float = 0.0
     """Learning rate of the first parameter group after the latest step."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Latest evaluation metrics, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
+    """Latest value of every evaluation metric so far, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    """The metrics of the latest evaluation pass only (what VALIDATION_END reports)."""
     should_stop: bool = False
     """Set by a callback to stop training after the current batch."""
     last_checkpoint: str | None = None

@@ -231,6 +231,7 @@ class SSSTrainer:
         joined = {key: torch.cat(values) for key, values in chunks.items()}
         metrics = {f"{prefix}/{k}": v for k, v in self.module.compute_metrics(joined).items()} if joined else {}
         state.metrics.update(metrics)
+        state.eval_metrics = metrics
         self.model.train(was_training)
         self._fire(Event.VALIDATION_END)
         state.stage = previous

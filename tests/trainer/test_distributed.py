@@ -5,37 +5,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from sss.cli import launch_command
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "ddp_parity.py"
 
 
 def launch(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run SCRIPT-like commands in fresh processes (never fork a process that already ran torch ops)."""
-    # --multi_gpu selects torchrun; without a GPU the processes form a gloo group on the CPU
-    # (Accelerate's --cpu flag would start a single process).
-    multi = ["--multi_gpu"] if nproc > 1 else ["--cpu"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *multi,
-        "--num_processes",
-        str(nproc),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "0",
-        *args,
-    ]
+    """Run a script in fresh processes (never fork a process that already ran torch ops)."""
+    cmd = launch_command(nproc, list(args))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 

@@ -47,14 +47,14 @@ def test_max_epochs_and_val_every_n_epochs():
 def test_training_learns_the_boring_task():
     module = BoringModule()
     trainer = SSSTrainer(
-        max_epochs=30,
+        max_epochs=12,
         checkpoint={"every_epoch": False},
-        val_every_n_epochs=30,
+        val_every_n_epochs=12,
         optim={"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05}},
         **QUIET,
     )
     metrics = trainer.fit(
-        module, train_dataloaders=boring_loader(n=64, shuffle=True), val_dataloaders=boring_loader(n=64)
+        module, train_dataloaders=boring_loader(n=64, batch_size=16, shuffle=True), val_dataloaders=boring_loader(n=64)
     )
     assert metrics["val/accuracy"] >= 0.9
 
