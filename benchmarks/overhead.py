@@ -29,6 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 from sss import Callback, LitModule, SSSTrainer
 
 
+SEED = 42
+
+
 class MLP(LitModule):
     """The tiny MLP of the reference figures: 32 -> 64 -> 64 -> 4."""
 
@@ -77,6 +80,9 @@ def optimizer_for(module: nn.Module) -> torch.optim.Optimizer:
 
 
 def run_plain(module: LitModule, loader: DataLoader) -> float:
+    from accelerate.utils import set_seed
+
+    set_seed(SEED)  # what SSSTrainer.fit does first: same dropout/SpecAugment draws in both loops
     optimizer = optimizer_for(module)
     module.train()
     start = time.perf_counter()
@@ -116,6 +122,7 @@ def main() -> None:
     initial, dataset, batch_size = build(args.model, args.steps)
     trainer_kwargs = dict(
         max_epochs=1,
+        seed=SEED,
         cpu=True,
         mixed_precision="no",
         max_grad_norm=None,

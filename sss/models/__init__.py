@@ -1,0 +1,36 @@
+"""Model families of `sss`: encoders (image, audio), fusion heads and the registered `HunterModule` variants.
+
+The imports below register every family's entrypoints with `sss.models.registry`; the registry
+imports this package lazily, so ``create_model("hunter_small")`` works without importing it first.
+
+Example:
+    >>> from sss.models import create_model, list_models
+    >>> list_models("hunter_*")
+    ['hunter_base', 'hunter_small', 'hunter_tiny']
+"""
+
+from sss.models.audio.cnn import AudioCNN
+from sss.models.audio.frontend import LogMelFrontend
+from sss.models.base import TokenEncoder
+from sss.models.fusion.cross_attention import CrossModalFusion
+from sss.models.fusion.late import LateFusion
+from sss.models.hunter import HunterModule, hunter_base, hunter_small, hunter_tiny
+from sss.models.image.timm_encoder import TimmImageEncoder
+from sss.models.registry import create_model, list_models, model_class, register_model
+
+__all__ = [
+    "AudioCNN",
+    "CrossModalFusion",
+    "HunterModule",
+    "LateFusion",
+    "LogMelFrontend",
+    "TimmImageEncoder",
+    "TokenEncoder",
+    "create_model",
+    "hunter_base",
+    "hunter_small",
+    "hunter_tiny",
+    "list_models",
+    "model_class",
+    "register_model",
+]

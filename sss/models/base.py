@@ -1,0 +1,64 @@
+"""The one interface every encoder shares: ``encode(x) -> tokens [B, N, D]``.
+
+Image and audio encoders both subclass `TokenEncoder`, so a fusion head only ever sees token
+sequences of width ``output_dim`` and never needs to know which modality they came from.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+__all__ = ["TokenEncoder"]
+
+
+class TokenEncoder(nn.Module):
+    """Base class of the modality encoders: one input tensor in, a token sequence out.
+
+    Subclasses implement `encode`; ``forward`` is `encode`, so ``encoder(x)`` and
+    ``encoder.encode(x)`` are the same call (as ``LitModule.forward`` uses the former).
+
+    Attributes:
+        output_dim: Width ``D`` of the tokens `encode` returns.
+        grad_checkpointing: Whether the encoder recomputes activations in backward to save memory.
+
+    Example:
+        >>> import torch
+        >>> class MeanTokens(TokenEncoder):
+        ...     def __init__(self):
+        ...         super().__init__(output_dim=3)
+        ...     def encode(self, x):
+        ...         return x.flatten(2).transpose(1, 2)  # [B, C, H, W] -> [B, H*W, C]
+        >>> MeanTokens()(torch.zeros(2, 3, 4, 4)).shape
+        torch.Size([2, 16, 3])
+    """
+
+    output_dim: int
+    grad_checkpointing: bool
+
+    def __init__(self, output_dim: int) -> None:
+        super().__init__()
+        self.output_dim = output_dim
+        self.grad_checkpointing = False
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Map one modality's input batch to tokens ``[B, N, output_dim]``.
+
+        Args:
+            x: The modality's batch tensor (e.g. image ``[B, 3, H, W]``, waveform ``[B, C, S]``).
+
+        Returns:
+            Tokens ``[B, N, output_dim]``; ``N`` may depend on the input size.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement encode(x) -> tokens [B, N, D]")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Same as `encode`."""
+        return self.encode(x)
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Trade compute for memory: recompute activations during backward instead of storing them.
+
+        Args:
+            enabled: Turn checkpointing on (True) or off (False).
+        """
+        self.grad_checkpointing = enabled

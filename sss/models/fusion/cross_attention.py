@@ -1,0 +1,151 @@
+"""`CrossModalFusion`: bidirectional cross-modal attention between image and audio tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from sss.models.fusion._pool import check_tokens, pool_streams
+
+__all__ = ["CrossAttentionBlock", "CrossModalFusion"]
+
+
+class CrossAttentionBlock(nn.Module):
+    """Pre-norm block: ``x += Attn(LN(x), LN(context))``; ``x += MLP(LN(x))``.
+
+    Queries come from ``x``, keys and values from ``context`` (the other modality).
+
+    Args:
+        dim: Token width of both streams.
+        heads: Attention heads; must divide ``dim``.
+        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        dropout: Dropout on the attention weights and after each residual branch.
+    """
+
+    def __init__(self, dim: int, heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        self.heads = heads
+        self.dropout = dropout
+        self.norm_q = nn.LayerNorm(dim)
+        self.norm_kv = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm_mlp = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, context: Tensor) -> Tensor:
+        """Update ``x`` ``[B, N, D]`` with what it reads from ``context`` ``[B, M, D]``."""
+        b, n, d = x.shape
+        q = self.q(self.norm_q(x)).view(b, n, self.heads, -1).transpose(1, 2)
+        k, v = self.kv(self.norm_kv(context)).view(b, context.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.out(attn.transpose(1, 2).reshape(b, n, d)))
+        return x + self.drop(self.mlp(self.norm_mlp(x)))
+
+
+class CrossModalLayer(nn.Module):
+    """One bidirectional step: image reads audio and audio reads image, both from the same inputs.
+
+    Args:
+        dim: Token width of both streams.
+        heads: Attention heads.
+        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        dropout: Dropout of both blocks.
+    """
+
+    def __init__(self, dim: int, heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.image_block = CrossAttentionBlock(dim, heads, mlp_ratio, dropout)
+        self.audio_block = CrossAttentionBlock(dim, heads, mlp_ratio, dropout)
+
+    def forward(self, image: Tensor, audio: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the updated ``(image, audio)`` token streams."""
+        # Both directions read the *input* streams, so the result does not depend on an order.
+        return self.image_block(image, audio), self.audio_block(audio, image)
+
+
+class CrossModalFusion(nn.Module):
+    """Bidirectional cross-modal attention, then mean pooling of each stream and a linear head.
+
+    ``depth`` layers each let image tokens attend to audio tokens and audio tokens attend to image
+    tokens (two pre-norm blocks with MLPs; cost ``O(Ni * Na)`` per layer, DOMAIN.md §1.3). Each stream
+    is then averaged over its tokens and LayerNormed; the two vectors are concatenated and a Linear
+    gives the logits. When one modality is None the cross-attention is skipped (there is nothing to
+    attend to) and its half of the pooled vector is zeros, so the head still works from the other.
+
+    Args:
+        dim: Token width of both encoders.
+        depth: Number of bidirectional layers.
+        heads: Attention heads; must divide ``dim``.
+        num_classes: Number of output logits.
+        dropout: Attention, residual and head dropout.
+        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+
+    Example:
+        >>> import torch
+        >>> fusion = CrossModalFusion(dim=16, heads=2, num_classes=3)
+        >>> fusion(torch.randn(2, 4, 16), torch.randn(2, 9, 16)).shape
+        torch.Size([2, 3])
+        >>> fusion(torch.randn(2, 4, 16), None).shape  # image only
+        torch.Size([2, 3])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int = 1,
+        heads: int = 4,
+        num_classes: int = 4,
+        dropout: float = 0.0,
+        mlp_ratio: float = 4.0,
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_classes = num_classes
+        self.grad_checkpointing = False
+        self.layers = nn.ModuleList(CrossModalLayer(dim, heads, mlp_ratio, dropout) for _ in range(depth))
+        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
+        self.head_drop = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * dim, num_classes)
+        self.apply(_init_weights)
+
+    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
+
+        Args:
+            image: Image tokens, or None when the batch has no image.
+            audio: Audio tokens, or None when the batch has no audio.
+
+        Returns:
+            Class logits.
+        """
+        check_tokens(image, audio, self.dim)
+        if image is not None and audio is not None:
+            for layer in self.layers:
+                if self.grad_checkpointing and torch.is_grad_enabled():
+                    image, audio = checkpoint(layer, image, audio, use_reentrant=False)
+                else:
+                    image, audio = layer(image, audio)
+        return self.head(self.head_drop(pool_streams(image, audio, self.norms)))
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each fusion layer's activations in backward instead of storing them.
+
+        Args:
+            enabled: Turn checkpointing on (True) or off (False).
+        """
+        self.grad_checkpointing = enabled
+
+
+def _init_weights(module: nn.Module) -> None:
+    # ViT-style: small truncated-normal weights keep the residual streams near identity at init.
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,62 @@
+"""`LateFusion`: the baseline every fusion result should be compared with (DOMAIN.md §1.3)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from sss.models.fusion._pool import check_tokens, pool_streams
+
+__all__ = ["LateFusion"]
+
+
+class LateFusion(nn.Module):
+    """Pool each modality's tokens, concatenate, classify with a two-layer MLP.
+
+    No token of one modality ever sees the other; the only interaction is in the MLP head.
+    A missing modality (None) contributes a zero half, so the head works from either alone.
+
+    Args:
+        dim: Token width of both encoders.
+        num_classes: Number of output logits.
+        hidden: Hidden width of the MLP head; None means ``dim``.
+        dropout: Dropout before each linear layer of the head.
+
+    Example:
+        >>> import torch
+        >>> head = LateFusion(dim=16, num_classes=4)
+        >>> head(torch.randn(2, 4, 16), torch.randn(2, 7, 16)).shape
+        torch.Size([2, 4])
+        >>> head(None, torch.randn(2, 7, 16)).shape  # audio only
+        torch.Size([2, 4])
+    """
+
+    def __init__(self, dim: int, num_classes: int = 4, hidden: int | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_classes = num_classes
+        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
+        hidden = hidden or dim
+        self.head = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(2 * dim, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
+        )
+        for m in self.head:
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
+
+        Args:
+            image: Image tokens, or None when the batch has no image.
+            audio: Audio tokens, or None when the batch has no audio.
+
+        Returns:
+            Class logits.
+        """
+        check_tokens(image, audio, self.dim)
+        return self.head(pool_streams(image, audio, self.norms))

@@ -1,0 +1,138 @@
+"""`TimmImageEncoder`: any timm backbone as an image token encoder."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from torch import Tensor, nn
+
+from sss.models.base import TokenEncoder
+
+__all__ = ["TimmImageEncoder"]
+
+
+class TimmImageEncoder(TokenEncoder):
+    """A timm backbone whose last feature map (or ViT token sequence) becomes the image tokens.
+
+    The model is built with ``num_classes=0, global_pool=""`` so `timm`'s ``forward_features``
+    returns the unpooled features: a CNN map ``[B, C, h, w]`` is flattened to ``h * w`` tokens,
+    a transformer's ``[B, N, C]`` sequence is kept as it is. A linear layer projects ``C`` to ``dim``.
+
+    Args:
+        name: A timm model name (``timm.list_models()``), e.g. ``"resnet10t"`` or ``"test_resnet"``.
+        dim: Token width after the projection; None keeps the backbone width (no projection).
+        pretrained: False for random init; a path to a local ``.safetensors`` (or ``.pth``) file of
+            the timm model's weights; True to download timm's default weights (needs network).
+        channels_last: Run the backbone in channels-last memory format (often ~1.5-2x faster for
+            small CNNs on CPU with oneDNN, and for AMP on GPU).
+        model_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"channels":
+            [16, 32, 64, 128], "stem_width": 16}`` for a narrow ResNet, ``{"drop_path_rate": 0.1}``).
+
+    Raises:
+        ValueError: Unknown timm model name.
+        FileNotFoundError: ``pretrained`` is a path that does not exist.
+        RuntimeError: Pretrained weights could not be loaded (offline, or a file that does not fit).
+
+    Example:
+        >>> import torch
+        >>> enc = TimmImageEncoder("test_resnet", dim=16)
+        >>> enc(torch.randn(2, 3, 64, 64)).shape  # a 2 x 2 map at stride 32 -> 4 tokens
+        torch.Size([2, 4, 16])
+        >>> enc.output_dim
+        16
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet10t",
+        *,
+        dim: int | None = 128,
+        pretrained: bool | str | os.PathLike[str] = False,
+        channels_last: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        model = _create_timm(name, pretrained, {"num_classes": 0, "global_pool": "", **(model_kwargs or {})})
+        width = int(model.num_features)
+        super().__init__(output_dim=dim if dim is not None else width)
+        self.name = name
+        self.channels_last = channels_last
+        # Some timm families (e.g. Swin) return NHWC maps; everything else is NCHW.
+        self._nhwc = getattr(model, "output_fmt", "NCHW") == "NHWC"
+        self.model = model.to(memory_format=torch.channels_last) if channels_last else model
+        self.proj: nn.Module = nn.Linear(width, dim) if dim is not None else nn.Identity()
+        if isinstance(self.proj, nn.Linear):
+            nn.init.xavier_uniform_(self.proj.weight)
+            nn.init.zeros_(self.proj.bias)
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Image ``[B, 3, H, W]`` to tokens ``[B, N, output_dim]``.
+
+        Args:
+            x: Normalised RGB batch.
+
+        Returns:
+            ``N = h * w`` tokens for a CNN (the final feature map), the model's tokens for a ViT.
+        """
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        feats = self.model.forward_features(x)
+        if feats.ndim == 4:
+            feats = feats.flatten(1, 2) if self._nhwc else feats.flatten(2).transpose(1, 2)
+        elif feats.ndim != 3:
+            raise RuntimeError(f"timm model {self.name!r} returned features of shape {tuple(feats.shape)}")
+        return self.proj(feats)
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Turn timm's own activation checkpointing of the backbone stages on or off.
+
+        Args:
+            enabled: Turn checkpointing on (True) or off (False).
+        """
+        super().set_grad_checkpointing(enabled)
+        self.model.set_grad_checkpointing(enabled)
+
+
+def _create_timm(name: str, pretrained: bool | str | os.PathLike[str], kwargs: dict[str, Any]) -> nn.Module:
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown timm model {name!r}.{hint} See timm.list_models() for the names.")
+    if pretrained is False or pretrained is None or pretrained == "":
+        return timm.create_model(name, pretrained=False, **kwargs)
+    if pretrained is True:
+        try:
+            return timm.create_model(name, pretrained=True, **kwargs)
+        except Exception as err:  # hub/URL errors come in many types (OSError, HTTP, offline-mode...)
+            raise RuntimeError(
+                f"could not download pretrained weights for timm model {name!r} ({type(err).__name__}: {err}). "
+                "Without network access, pass a local .safetensors path instead of True "
+                "(e.g. image_pretrained: /path/to/model.safetensors in YAML) or pretrained=false for random init."
+            ) from err
+    path = Path(pretrained).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained weights file not found: {str(path)!r} (timm model {name!r})")
+    try:
+        # Through timm's pretrained machinery, so its per-model filters (e.g. ViT position-embedding
+        # resizing) and classifier dropping apply exactly as for downloaded weights.
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs)
+    except Exception as err:
+        raise RuntimeError(f"could not load {str(path)!r} into timm model {name!r}: {err}") from err
+    _check_covered(model, path, name)
+    return model
+
+
+def _check_covered(model: nn.Module, path: Path, name: str) -> None:
+    # timm loads non-strictly once the classifier is dropped, so a file of another architecture
+    # would load *nothing* without a word: require every backbone tensor to be in the file.
+    found = set(timm.models.load_state_dict(str(path)))
+    missing = [key for key in model.state_dict() if key not in found and not key.endswith("num_batches_tracked")]
+    if missing:
+        raise RuntimeError(
+            f"{str(path)!r} does not fit timm model {name!r}: {len(missing)} of the model's tensors are missing "
+            f"from it (e.g. {', '.join(missing[:3])}). Was it saved from another architecture or other model_kwargs?"
+        )
