@@ -7,6 +7,11 @@ and the largest parameter difference after the last round (0 means bit-equal).
     python benchmarks/overhead.py                      # tiny MLP
     python benchmarks/overhead.py --model hunter_small # the default Hunter model (batch 32)
 
+glibc's malloc thresholds change page-fault counts between otherwise equal loops (shared/design
+PITFALLS §D); fix them for comparable figures, as benchmarks/RESULTS.md does:
+
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/overhead.py
+
 The SSSTrainer runs with the progress bar, loggers and checkpoints off, no clipping, and times
 itself from FIT_START to FIT_END (set-up excluded, as for the plain loop).
 """
@@ -27,7 +32,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from sss import Callback, LitModule, SSSTrainer
-
 
 SEED = 42
 
@@ -94,6 +98,24 @@ def run_plain(module: LitModule, loader: DataLoader) -> float:
     return time.perf_counter() - start
 
 
+def run_accelerate(module: LitModule, loader: DataLoader) -> float:
+    """The hand-written Accelerate loop users write today (the 3-change port of the plain loop)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    set_seed(SEED)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(module, optimizer_for(module), loader)
+    model.train()
+    start = time.perf_counter()
+    for batch in loader:
+        loss = module.compute_loss(model(batch), batch)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
 class Clock(Callback):
     def on_fit_start(self, trainer, module) -> None:
         self.start = time.perf_counter()
@@ -130,19 +152,25 @@ def main() -> None:
         log={"progress": False, "trackers": []},
         checkpoint={"every_epoch": False},
     )
-    plain_times, sss_times = [], []
+    plain_times, accelerate_times, sss_times = [], [], []
     for _ in range(args.rounds):
         plain = copy.deepcopy(initial)
         plain_times.append(run_plain(plain, DataLoader(dataset, batch_size=batch_size)) / args.steps)
+        hand = copy.deepcopy(initial)
+        accelerate_times.append(run_accelerate(hand, DataLoader(dataset, batch_size=batch_size)) / args.steps)
         ours = copy.deepcopy(initial)
         sss_times.append(run_sss(ours, DataLoader(dataset, batch_size=batch_size), trainer_kwargs) / args.steps)
     diff = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ours.parameters(), strict=True))
     p, s = statistics.median(plain_times) * 1e3, statistics.median(sss_times) * 1e3
+    a = statistics.median(accelerate_times) * 1e3
     print(f"model {args.model}, batch {batch_size}, {args.steps} steps x {args.rounds} rounds, {args.threads} threads")
-    print(f"plain PyTorch loop : {p:.3f} ms/step (median)")
-    print(f"SSSTrainer         : {s:.3f} ms/step (median)")
-    print(f"overhead           : {s - p:+.3f} ms/step, ratio {s / p:.3f}")
-    print(f"max |param diff|   : {diff:.3g}")
+    malloc = {k: os.environ.get(k, "unset") for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    print("allocator settings:", ", ".join(f"{k}={v}" for k, v in malloc.items()))
+    print(f"plain PyTorch loop          : {p:.3f} ms/step (median)")
+    print(f"hand-written Accelerate loop: {a:.3f} ms/step (median), ratio {a / p:.3f}")
+    print(f"SSSTrainer                  : {s:.3f} ms/step (median)")
+    print(f"SSSTrainer overhead         : {s - p:+.3f} ms/step, ratio {s / p:.3f}")
+    print(f"max |param diff| sss-plain  : {diff:.3g}")
 
 
 if __name__ == "__main__":
