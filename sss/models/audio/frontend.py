@@ -15,7 +15,8 @@ class LogMelFrontend(nn.Module):
     Power mel spectrogram (Hann window, centred frames, so ``T = S // hop_length + 1``), then
     decibels (``10 log10(max(x, 1e-10))``, PANNs' choice), then a BatchNorm over the mel bins
     (PANNs' ``bn0``, without the affine part: each bin's running mean and variance are tracked, so
-    no dataset statistics need computing), then SpecAugment masks in training mode only. Multi-channel audio is averaged to mono first.
+    no dataset statistics need computing), then SpecAugment masks in training mode only.
+    Multi-channel audio is averaged to mono first.
 
     A 4-D input ``[B, 1, n_mels, T]`` is taken as an already computed log-mel (e.g. from a feature
     cache): only the normalisation and masks are applied to it.
