@@ -48,11 +48,25 @@ class TokenEncoder(nn.Module):
 
         Returns:
             Tokens ``[B, N, output_dim]``; ``N`` may depend on the input size.
+
+        Example:
+            >>> import torch
+            >>> TokenEncoder(output_dim=4).encode(torch.zeros(1, 3))
+            Traceback (most recent call last):
+            ...
+            NotImplementedError: TokenEncoder must implement encode(x) -> tokens [B, N, D]
         """
         raise NotImplementedError(f"{type(self).__name__} must implement encode(x) -> tokens [B, N, D]")
 
     def forward(self, x: Tensor) -> Tensor:
-        """Same as `encode`."""
+        """Same as `encode`, so ``encoder(x)`` works where a module call is expected.
+
+        Args:
+            x: The modality's batch tensor.
+
+        Returns:
+            Tokens ``[B, N, output_dim]``.
+        """
         return self.encode(x)
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
@@ -60,5 +74,11 @@ class TokenEncoder(nn.Module):
 
         Args:
             enabled: Turn checkpointing on (True) or off (False).
+
+        Example:
+            >>> encoder = TokenEncoder(output_dim=4)
+            >>> encoder.set_grad_checkpointing(True)
+            >>> encoder.grad_checkpointing
+            True
         """
         self.grad_checkpointing = enabled

@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
 
-__all__ = ["AudioCNN"]
+__all__ = ["AudioCNN", "ConvBlock"]
 
 
 class ConvBlock(nn.Module):
@@ -19,6 +19,11 @@ class ConvBlock(nn.Module):
         in_channels: Input channels.
         out_channels: Output channels of both convolutions.
         stride: Stride of the first convolution (2 computes the block at half resolution).
+
+    Example:
+        >>> import torch
+        >>> ConvBlock(1, 8)(torch.randn(2, 1, 32, 101)).shape  # odd lengths round up
+        torch.Size([2, 8, 16, 51])
     """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
@@ -91,6 +96,11 @@ class AudioCNN(TokenEncoder):
 
         Returns:
             One token per remaining time step, in time order.
+
+        Example:
+            >>> import torch
+            >>> AudioCNN(dim=16, width=4, depth=2).encode(torch.randn(2, 8000)).shape  # 51 frames -> 13 tokens
+            torch.Size([2, 13, 16])
         """
         x = self.frontend(x)
         for block in self.blocks:

@@ -84,6 +84,11 @@ class LogMelFrontend(nn.Module):
 
         Returns:
             Log-mel ``[B, 1, n_mels, T]``, float32.
+
+        Example:
+            >>> import torch
+            >>> LogMelFrontend(n_mels=32)(torch.randn(2, 2, 8000)).shape  # stereo is averaged to mono
+            torch.Size([2, 1, 32, 51])
         """
         mel = self._log_mel(audio) if audio.ndim < 4 else audio.float()
         if mel.shape[-2] != self.n_mels:

@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sss.models.fusion._pool import check_tokens, pool_streams
 
-__all__ = ["CrossAttentionBlock", "CrossModalFusion"]
+__all__ = ["CrossAttentionBlock", "CrossModalFusion", "CrossModalLayer"]
 
 
 class CrossAttentionBlock(nn.Module):
@@ -22,6 +22,12 @@ class CrossAttentionBlock(nn.Module):
         heads: Attention heads; must divide ``dim``.
         mlp_ratio: MLP hidden width as a multiple of ``dim``.
         dropout: Dropout on the attention weights and after each residual branch.
+
+    Example:
+        >>> import torch
+        >>> block = CrossAttentionBlock(dim=8, heads=2)
+        >>> block(torch.randn(2, 4, 8), torch.randn(2, 9, 8)).shape  # 4 queries read 9 context tokens
+        torch.Size([2, 4, 8])
     """
 
     def __init__(self, dim: int, heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
@@ -58,6 +64,12 @@ class CrossModalLayer(nn.Module):
         heads: Attention heads.
         mlp_ratio: MLP hidden width as a multiple of ``dim``.
         dropout: Dropout of both blocks.
+
+    Example:
+        >>> import torch
+        >>> image, audio = CrossModalLayer(dim=8, heads=2)(torch.randn(2, 4, 8), torch.randn(2, 9, 8))
+        >>> image.shape, audio.shape
+        (torch.Size([2, 4, 8]), torch.Size([2, 9, 8]))
     """
 
     def __init__(self, dim: int, heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
@@ -125,6 +137,11 @@ class CrossModalFusion(nn.Module):
 
         Returns:
             Class logits.
+
+        Example:
+            >>> import torch
+            >>> CrossModalFusion(dim=8, heads=2, num_classes=2)(None, torch.randn(3, 5, 8)).shape
+            torch.Size([3, 2])
         """
         check_tokens(image, audio, self.dim)
         if image is not None and audio is not None:
@@ -140,6 +157,12 @@ class CrossModalFusion(nn.Module):
 
         Args:
             enabled: Turn checkpointing on (True) or off (False).
+
+        Example:
+            >>> fusion = CrossModalFusion(dim=8, heads=2)
+            >>> fusion.set_grad_checkpointing()
+            >>> fusion.grad_checkpointing
+            True
         """
         self.grad_checkpointing = enabled
 

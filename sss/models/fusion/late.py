@@ -57,6 +57,11 @@ class LateFusion(nn.Module):
 
         Returns:
             Class logits.
+
+        Example:
+            >>> import torch
+            >>> LateFusion(dim=8, num_classes=2)(torch.randn(3, 4, 8), None).shape
+            torch.Size([3, 2])
         """
         check_tokens(image, audio, self.dim)
         return self.head(pool_streams(image, audio, self.norms))

@@ -77,6 +77,11 @@ class TimmImageEncoder(TokenEncoder):
 
         Returns:
             ``N = h * w`` tokens for a CNN (the final feature map), the model's tokens for a ViT.
+
+        Example:
+            >>> import torch
+            >>> TimmImageEncoder("test_vit", dim=8).encode(torch.randn(1, 3, 64, 64)).shape  # 16 patches + CLS
+            torch.Size([1, 17, 8])
         """
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -92,6 +97,12 @@ class TimmImageEncoder(TokenEncoder):
 
         Args:
             enabled: Turn checkpointing on (True) or off (False).
+
+        Example:
+            >>> encoder = TimmImageEncoder("test_resnet", dim=8)
+            >>> encoder.set_grad_checkpointing()
+            >>> encoder.model.grad_checkpointing
+            True
         """
         super().set_grad_checkpointing(enabled)
         self.model.set_grad_checkpointing(enabled)
