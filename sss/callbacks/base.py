@@ -32,8 +32,8 @@ class Event(str, Enum):
                         if end of accumulation window:
                             rescale a partial window; unscale fp16 gradients
                             # AFTER_BACKWARD          (true-scale grads, before clipping)
-                            state.grad_norm = clip_grad_norm_(...)
-                            optimizer.step(); scaler skipped? -> skipped_steps += 1
+                            state.grad_norm = clip_grad_norm_(...)      (not if state.skip_step)
+                            optimizer.step(); skipped? -> skipped_steps += 1
                                               else -> global_step += 1; scheduler.step()
                             # AFTER_OPTIMIZER_STEP
                             optimizer.zero_grad()

@@ -102,6 +102,8 @@ class MetricsLogger(Callback):
         if state.grad_norm is not None:
             values["train/grad_norm"] = float(state.grad_norm)
         values["train/skipped_steps"] = state.skipped_steps
+        values.update(state.logs)  # what other callbacks published since the last log
+        state.logs.clear()
         trainer.accelerator.log(values, step=state.global_step)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:

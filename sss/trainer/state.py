@@ -46,6 +46,12 @@ class TrainState:
     """Latest value of every evaluation metric so far, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
     eval_metrics: dict[str, float] = field(default_factory=dict)
     """The metrics of the latest evaluation pass only (what VALIDATION_END reports)."""
+    logs: dict[str, float] = field(default_factory=dict)
+    """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``); the
+    metrics logger writes them at its next logging step and clears them."""
+    skip_step: bool = False
+    """Set by a callback at AFTER_BACKWARD to discard this window's gradients: no optimizer step,
+    counted as skipped (e.g. a NaN loss under the ``skip`` policy). Reset by the trainer."""
     should_stop: bool = False
     """Set by a callback to stop training after the current batch."""
     last_checkpoint: str | None = None

@@ -173,10 +173,13 @@ class SSSTrainer:
         if not self._grads_checked:
             self._check_gradients()
         self._fire(Event.AFTER_BACKWARD)
-        if cfg.max_grad_norm is not None:
-            state.grad_norm = _clip_grad_norm(accelerator, self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        state.step_was_skipped = accelerator.optimizer_step_was_skipped
+        if state.skip_step:  # a callback discarded this window (e.g. a NaN loss under on_nan=skip)
+            _skip_optimizer_step(accelerator)
+        else:
+            if cfg.max_grad_norm is not None:
+                state.grad_norm = _clip_grad_norm(accelerator, self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+        state.step_was_skipped, state.skip_step = state.skip_step or accelerator.optimizer_step_was_skipped, False
         if state.step_was_skipped:  # the fp16 scaler found inf/NaN: no update, no schedule step
             state.skipped_steps += 1
         else:
@@ -388,6 +391,14 @@ def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor]
         return accelerator.clip_grad_norm_(parameters, max_norm)
     finally:
         accelerator.native_amp = native_amp
+
+
+def _skip_optimizer_step(accelerator: Accelerator) -> None:
+    # The gradients were already unscaled for this step; GradScaler keeps that per-optimizer
+    # record until update(), so close the step the way a scaler-skipped one ends (update backs
+    # off the scale when the gradients held inf/NaN, as they do for a NaN loss).
+    if accelerator.scaler is not None:
+        accelerator.scaler.update()
 
 
 def _own_buffer_storage(module: nn.Module) -> None:

@@ -82,3 +82,34 @@ def test_skipped_fp16_step_leaves_step_and_lr(accumulation):
 def test_given_accelerator_must_agree_on_accumulation():
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         SSSTrainer(accelerator=Accelerator(cpu=True), gradient_accumulation_steps=2, **QUIET)
+
+
+class SkipSecondWindow(Callback):
+    """A callback that discards the second window's gradients, as a NaN-loss policy would."""
+
+    def __init__(self):
+        self.windows = 0
+
+    def on_after_backward(self, trainer, module):
+        self.windows += 1
+        trainer.state.skip_step = self.windows == 2
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_callback_can_discard_a_window(fp16):
+    watch, skipper = ParamWatch(), SkipSecondWindow()
+    accelerator = _fp16_cpu_accelerator(init_scale=2.0**4, accumulation=1) if fp16 else None
+    trainer = SSSTrainer(
+        accelerator=accelerator,
+        callbacks=[skipper, watch],
+        max_steps=3,
+        optim={"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.1}},
+        **QUIET,
+    )
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=64, batch_size=4))
+    assert [r[0] for r in watch.rows] == [False, True, False, False]
+    assert watch.rows[1][1] is False, "a discarded window changed the parameters (AdamW would move them on zero grads)"
+    assert trainer.state.global_step == 3 and trainer.state.skipped_steps == 1
+    assert trainer.state.skip_step is False
+    if fp16:  # the scaler's per-step record was closed: the next steps unscaled and stepped normally
+        assert all(r[1] for i, r in enumerate(watch.rows) if i != 1)
