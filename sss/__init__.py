@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sss._export import load_model
     from sss.callbacks.base import Callback, Event
     from sss.config import SSSConfig, TrainerConfig, instantiate, load_config
     from sss.data.datamodule import DataModule
@@ -35,6 +36,7 @@ __all__ = [
     "create_model",
     "instantiate",
     "load_config",
+    "load_model",
     "register_model",
 ]
 
@@ -45,6 +47,7 @@ _WHERE = {
     "TrainerConfig": "sss.config",
     "instantiate": "sss.config",
     "load_config": "sss.config",
+    "load_model": "sss._export",
     "DataModule": "sss.data.datamodule",
     "create_model": "sss.models.registry",
     "register_model": "sss.models.registry",

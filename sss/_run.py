@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -9,11 +10,13 @@ from typing import Any
 
 import torch
 
+from sss._export import export_model
 from sss.callbacks.checkpoint import complete_checkpoints
+from sss.callbacks.plots import Plots
 from sss.config import SSSConfig, instantiate, to_yaml
 from sss.trainer.trainer import SSSTrainer, use_cpu
 
-__all__ = ["export_model", "run_fit"]
+__all__ = ["run_fit"]
 
 
 def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
@@ -31,11 +34,12 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     datamodule = instantiate(cfg.data)
     module = instantiate(cfg.model)
-    trainer = SSSTrainer(cfg.trainer, callbacks=[instantiate(spec) for spec in cfg.callbacks])
+    callbacks = [instantiate(spec) for spec in cfg.callbacks]
+    trainer = SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg))
     out = trainer.output_dir
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(to_yaml(cfg))
+        _write_config(out, cfg, ckpt)
         print(f"sss: run {cfg.name!r} -> {out}" + (f" (resuming {ckpt})" if ckpt else ""), flush=True)
     fit_start = time.perf_counter()
     trainer.fit(module, datamodule, ckpt_path=ckpt)
@@ -53,12 +57,24 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
         checkpoint_dir=trainer.state.last_checkpoint,
         model_dir=str(model_dir),
     )
+    plots = next((c.files for c in trainer.callbacks if isinstance(c, Plots)), [])
+    results.update({f"plot/{p.stem}": str(p) for p in plots})  # one row each in the summary table
     if state.is_main_process:
         (out / "results.json").write_text(json.dumps(results, indent=2))
         _print_results(cfg.name, results, out / "results.json")
     state.wait_for_everyone()
     state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
     return results
+
+
+def _write_config(out: Path, cfg: SSSConfig, ckpt: Path | None) -> None:
+    # The first config of a run stays as written; a resume that changed neutral fields (more
+    # epochs, another log cadence) records its own next to it.
+    text, first = to_yaml(cfg), out / "config.yaml"
+    if ckpt is None or not first.exists():
+        first.write_text(text)
+    elif first.read_text() != text:
+        (out / f"config_resumed_{ckpt.name}.yaml").write_text(text)
 
 
 def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
@@ -69,11 +85,16 @@ def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
 
     chosen = [cfg.trainer.output_dir]
     default = f"runs/{cfg.name}"
-    if state.is_main_process and resume is None and chosen[0] == default:
-        n = 0
+    if resume not in (None, "latest") and chosen[0] == default and Path(resume).parent.name == "checkpoints":
+        return str(Path(resume).parent.parent)  # resuming a given checkpoint continues its own run folder
+    if state.is_main_process and chosen[0] == default:
+        n, runs = 0, []
         while _holds_run(Path(chosen[0])):
+            runs.append(chosen[0])
             n += 1
             chosen[0] = f"{default}_{n}"
+        if resume == "latest":  # the newest versioned run that has checkpoints
+            chosen[0] = next((r for r in reversed(runs) if complete_checkpoints(Path(r) / "checkpoints")), default)
     if state.num_processes > 1:
         broadcast_object_list(chosen)
     return chosen[0]
@@ -127,25 +148,6 @@ def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any)
         metrics = trainer.validate(module, dataloaders=ablated, prefix=f"val_{kept}_only")
         results[f"val/accuracy_{kept}_only"] = metrics[f"val_{kept}_only/accuracy"]
     return results
-
-
-def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], folder: Path) -> Path:
-    """Write the portable model folder: ``model.safetensors``, ``config.yaml`` and a ``README.md`` model card."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    # Own contiguous copies: safetensors refuses tensors that share or view another's storage.
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt", "sss_model": type(module).__name__})
-    (folder / "config.yaml").write_text(to_yaml(cfg))
-    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
-    params = sum(p.numel() for p in module.parameters())
-    (folder / "README.md").write_text(
-        f"# {cfg.name}\n\nA Shadow & Sound Hunter model trained with `sss` ({type(module).__name__}, "
-        f"{params / 1e6:.2f} M parameters).\n\n- model: `{cfg.model}`\n- data: `{cfg.data}`\n\n"
-        f"| metric | value |\n|---|---|\n{rows}\n\nTraining configuration: `config.yaml`.\n"
-    )
-    return folder
 
 
 def _print_results(name: str, results: dict[str, Any], path: Path) -> None:

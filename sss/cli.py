@@ -22,8 +22,29 @@ def fit(config: str, overrides: list[str], resume: str | None = None, num_proces
     if cfg is None:
         return EXIT_CONFIG
     from sss._run import run_fit
+    from sss.callbacks.checkpoint import Preempted
 
-    run_fit(cfg, resume=resume)
+    try:
+        run_fit(cfg, resume=resume)
+    except Preempted as stop:
+        print(f"sss: {stop}", file=sys.stderr, flush=True)
+        return 128 + stop.signum  # the shell's convention for "ended by this signal"
+    return 0
+
+
+def export(config: str, overrides: list[str], ckpt: str, out: str) -> int:
+    """Write the portable model folder (model.safetensors, config.yaml, README.md) of checkpoint CKPT to OUT."""
+    cfg = _load_checked(config, overrides)
+    if cfg is None:
+        return EXIT_CONFIG
+    from sss._export import export_checkpoint
+
+    try:
+        folder = export_checkpoint(cfg, ckpt, out)
+    except (FileNotFoundError, FileExistsError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {folder}")
     return 0
 
 
@@ -61,7 +82,13 @@ def data(action: str, kind: str, out: str, n: int = 2000, seed: int = 0) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[..., int]] = {"fit": fit, "check": check, "config": config, "data": data}
+COMMANDS: dict[str, Callable[..., int]] = {
+    "fit": fit,
+    "check": check,
+    "config": config,
+    "export": export,
+    "data": data,
+}
 
 
 def _load_checked(path: str, overrides: list[str]) -> Any:
@@ -136,6 +163,11 @@ def _parser() -> argparse.ArgumentParser:
                 help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
             )
             p.add_argument("--num-processes", type=int, default=None, help="launch N processes through Accelerate")
+    p = sub.add_parser("export", help=export.__doc__, description=export.__doc__)
+    p.add_argument("config", help="the YAML config the checkpoint was trained with")
+    p.add_argument("out", help="output folder (must not exist or be empty)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
+    p.add_argument("--ckpt", required=True, help="checkpoint folder, e.g. runs/industrial/checkpoints/step_0000375")
     p = sub.add_parser("data", help=data.__doc__, description=data.__doc__)
     p.add_argument("action", choices=["make"])
     p.add_argument("kind", choices=["industrial"])

@@ -77,11 +77,21 @@ class CheckpointConfig:
     every_epoch: bool = True
     """Save at the end of each epoch, after validation."""
     keep_last: int | None = 3
-    """Keep only the newest N checkpoints (null: keep all)."""
+    """Keep the newest N checkpoints (null: keep all)."""
+    keep_best: int = 0
+    """Also keep the best N checkpoints by `monitor` (0: none); only checkpoints saved right after a validation rank."""
+    monitor: str = "val/loss"
+    """The metric that ranks checkpoints for keep_best, e.g. val/accuracy."""
+    mode: str = "min"
+    """min | max: whether a lower or a higher `monitor` is better."""
+    on_signal: bool = True
+    """On SIGTERM/SIGINT finish the current optimizer step, save a checkpoint and stop (preemption)."""
 
     def __post_init__(self) -> None:
         _require(self.every_n_steps is None or self.every_n_steps >= 1, "trainer.checkpoint.every_n_steps must be >= 1")
         _require(self.keep_last is None or self.keep_last >= 1, "trainer.checkpoint.keep_last must be >= 1 (or null)")
+        _require(self.keep_best >= 0, f"trainer.checkpoint.keep_best must be >= 0, got {self.keep_best}")
+        _require(self.mode in ("min", "max"), f"trainer.checkpoint.mode must be min or max, got {self.mode!r}")
 
 
 @dataclass

@@ -51,11 +51,15 @@ def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
     assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0
     assert Path("runs/industrial_1/results.json").is_file()
 
-    # --resume continues the first run: step numbering goes on from its checkpoint
+    # --resume continues the newest run: step numbering goes on from its checkpoint
     assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=8", "--resume"]) == 0
-    resumed = json.loads(Path("runs/industrial/results.json").read_text())
+    resumed = json.loads(Path("runs/industrial_1/results.json").read_text())
     assert resumed["global_step"] == 8
     assert resumed["checkpoint_dir"].endswith("step_0000008")
+    assert json.loads(Path("runs/industrial/results.json").read_text())["global_step"] == 4  # untouched
+    # the resumed run grew max_steps: its first config stays, the resume's is recorded beside it
+    assert "max_steps: 4" in Path("runs/industrial_1/config.yaml").read_text()
+    assert "max_steps: 8" in Path("runs/industrial_1/config_resumed_step_0000004.yaml").read_text()
 
 
 def test_resume_without_a_checkpoint_says_so(capsys):

@@ -1,9 +1,12 @@
-"""`ModelCheckpoint`: full-state checkpoints every N steps and at each epoch end, with rotation."""
+"""`ModelCheckpoint`: full-state checkpoints every N steps and at each epoch end, rotation, preemption."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +16,10 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["ModelCheckpoint", "complete_checkpoints"]
+__all__ = ["ModelCheckpoint", "Preempted", "complete_checkpoints"]
 
 _NAME = re.compile(r"^step_(\d{7,})$")
+_SIGNALS = ("SIGTERM", "SIGINT")
 
 
 def complete_checkpoints(folder: str | Path) -> list[Path]:
@@ -32,16 +36,31 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
+class Preempted(Exception):
+    """Training stopped on SIGTERM/SIGINT after saving a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 class ModelCheckpoint(Callback):
     """Saves ``OUTPUT_DIR/checkpoints/step_NNNNNNN`` through `SSSTrainer.save_checkpoint` (Accelerate ``save_state``).
 
     Saves every `every_n_steps` optimizer steps and at each epoch end (after validation, so the
-    epoch's metrics and callback states are in it), keeping the newest `keep_last`. A fresh run
-    refuses to start over checkpoints of an earlier run: resume it or pick another output_dir.
+    epoch's metrics and callback states are in it). Rotation keeps the newest `keep_last` plus
+    the best `keep_best` by `monitor` (`mode` min or max); ranks are read from the checkpoints
+    themselves, so rotation keeps its promise across resumes. Only checkpoints saved right after a
+    validation rank: a mid-epoch save carries a stale score. A fresh run refuses to start over
+    checkpoints of an earlier run, and leftovers of interrupted saves are cleaned at fit start.
+
+    With `on_signal`, SIGTERM or SIGINT (preemption, Ctrl-C) lets the current optimizer step
+    finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once). With several
+    processes the stop is agreed through ``accelerator.check_trigger`` so all save the same step.
 
     Example:
-        >>> ModelCheckpoint(every_n_steps=100, keep_last=2).keep_last
-        2
+        >>> ModelCheckpoint(every_n_steps=100, keep_last=2, keep_best=1, monitor="val/accuracy", mode="max").keep_best
+        1
     """
 
     def __init__(
@@ -50,52 +69,158 @@ class ModelCheckpoint(Callback):
         every_epoch: bool = True,
         keep_last: int | None = 3,
         dirpath: str | None = None,
+        keep_best: int = 0,
+        monitor: str = "val/loss",
+        mode: str = "min",
+        on_signal: bool = True,
     ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
         self.every_n_steps = every_n_steps
         self.every_epoch = every_epoch
         self.keep_last = keep_last
         self.dirpath = dirpath
+        self.keep_best = keep_best
+        self.monitor = monitor
+        self.mode = mode
+        self.on_signal = on_signal
         self._saved_step = -1
+        self._validated_step = -1
+        self._signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._warned_monitor = False
+        self._fitting = False
 
     def folder(self, trainer: SSSTrainer) -> Path:
         """Where the checkpoints go."""
         return Path(self.dirpath) if self.dirpath else trainer.output_dir / "checkpoints"
 
+    # ------------------------------------------------------------------ events
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        from sss.trainer._checkpoint_io import recover_leftovers
+
         folder = self.folder(trainer)
+        if trainer.accelerator.is_main_process:
+            for line in recover_leftovers(folder):
+                print(f"sss: checkpoints: {line}", flush=True)
+        trainer.accelerator.wait_for_everyone()
         existing = complete_checkpoints(folder)
         if existing and trainer.state.last_checkpoint is None:
             raise FileExistsError(
                 f"{folder} already holds checkpoints of an earlier run ({existing[-1].name}, ...). "
                 "Resume it (sss fit CONFIG --resume), choose another trainer.output_dir, or delete that folder."
             )
-        if trainer.accelerator.is_main_process and folder.is_dir():
-            for leftover in folder.glob("step_*.tmp"):  # saves that were interrupted
-                shutil.rmtree(leftover, ignore_errors=True)
         self._saved_step = trainer.state.global_step if trainer.state.last_checkpoint else -1
+        self._signal, self._fitting = None, True
+        if self.on_signal:
+            self._install_handlers(trainer)
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state
-        at_step = state.micro_step == 0 and not state.step_was_skipped  # an optimizer step just happened
+        if state.micro_step:  # inside an accumulation window: the gradients so far are not in a checkpoint
+            return
+        if self.on_signal and self._stop_requested(trainer):
+            self._save(trainer, replace=True)
+            name = signal.Signals(self._signal or signal.SIGTERM).name
+            raise Preempted(
+                f"stopped by {name} after step {state.global_step}; checkpoint saved to {state.last_checkpoint}. "
+                "Resume with: sss fit CONFIG --resume (the same config and overrides)",
+                int(self._signal or signal.SIGTERM),
+            )
+        at_step = not state.step_was_skipped  # an optimizer step was just applied
         if self.every_n_steps and at_step and state.global_step % self.every_n_steps == 0:
             self._save(trainer)
+
+    def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if not self._fitting:  # a standalone validate()/test() ranks no checkpoint
+            return
+        self._validated_step = trainer.state.global_step
+        metrics = trainer.state.eval_metrics
+        if self.keep_best and self.monitor not in metrics and not self._warned_monitor and metrics:
+            self._warned_monitor = True
+            print(
+                f"sss: warning: ModelCheckpoint monitor {self.monitor!r} is not among the metrics "
+                f"({', '.join(sorted(metrics))}); set trainer.checkpoint.monitor to one of them",
+                flush=True,
+            )
 
     def on_epoch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if self.every_epoch:
             self._save(trainer, replace=True)
 
+    def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._fitting = False
+        self._restore_handlers()
+
+    def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._fitting = False
+        self._restore_handlers()
+
+    # ------------------------------------------------------------------ saving and rotation
     def _save(self, trainer: SSSTrainer, replace: bool = False) -> None:
         step = trainer.state.global_step
         if step == self._saved_step and not replace:
             return
         self._saved_step = step
         trainer.save_checkpoint(self.folder(trainer) / f"step_{step:07d}")
-        if self.keep_last and trainer.accelerator.is_main_process:
-            for old in complete_checkpoints(self.folder(trainer))[: -self.keep_last]:
+        if trainer.accelerator.is_main_process:
+            for old in self._to_remove(complete_checkpoints(self.folder(trainer))):
                 shutil.rmtree(old, ignore_errors=True)
 
+    def _to_remove(self, found: list[Path]) -> list[Path]:
+        if not self.keep_last:
+            return []
+        keep = set(found[-self.keep_last :])
+        if self.keep_best:
+            scored = [(s, p) for p in found if (s := _score(p, self.monitor)) is not None]
+            scored.sort(key=lambda sp: sp[0], reverse=self.mode == "max")  # stable: the earlier wins a tie
+            keep.update(p for _, p in scored[: self.keep_best])
+        return [p for p in found if p not in keep]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"saved_step": self._saved_step}
+        return {"saved_step": self._saved_step, "validated_step": self._validated_step, "monitor": self.monitor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._saved_step = int(state.get("saved_step", -1))
+        self._validated_step = int(state.get("validated_step", -1))
+
+    # ------------------------------------------------------------------ preemption
+    def _install_handlers(self, trainer: SSSTrainer) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python allows signal handlers in the main thread only
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._signal is not None and signum == signal.SIGINT:
+                self._restore_handlers()
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            self._signal = signum
+            trainer.accelerator.set_trigger()
+            print(f"sss: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+
+        for name in _SIGNALS:
+            signum = getattr(signal, name)
+            self._previous_handlers[signum] = signal.signal(signum, handler)
+
+    def _restore_handlers(self) -> None:
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
+        self._previous_handlers.clear()
+
+    def _stop_requested(self, trainer: SSSTrainer) -> bool:
+        if trainer.accelerator.num_processes == 1:
+            return self._signal is not None
+        # Processes may get the signal at different steps; all must save the same one, so they
+        # agree every step (a one-element all-reduce).
+        if trainer.accelerator.check_trigger():
+            self._signal = self._signal or signal.SIGTERM
+            return True
+        return False
+
+
+def _score(checkpoint: Path, monitor: str) -> float | None:
+    meta = json.loads((checkpoint / "trainer_state.json").read_text())
+    mine = next((c["state"] for c in meta.get("callbacks", []) if c["class"] == "ModelCheckpoint"), {})
+    if mine.get("validated_step") != meta.get("global_step"):
+        return None  # saved away from a validation: its score is stale
+    value = meta.get("metrics", {}).get(monitor)
+    return float(value) if value is not None else None

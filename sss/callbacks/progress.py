@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.base import Callback
@@ -13,21 +14,33 @@ if TYPE_CHECKING:
 
 __all__ = ["ProgressBar"]
 
+SHOW = (
+    "train/grad_share/image",
+    "train/grad_share/audio",
+    "train/overflow/skipped",
+    "train/data_wait_fraction",
+    "memory/peak_rss_mb",
+)
+"""`state.logs` keys the bar shows when a callback publishes them."""
+
 
 class ProgressBar(Callback):
     """A rich progress bar on a terminal; one plain line every N steps otherwise (logs, CI).
 
     Reading the loss is a device sync, so the bar redraws at most every `refresh_seconds`.
-    Only the main process draws. Turn it off with ``log.progress=false``.
+    Only the main process draws. Turn it off with ``log.progress=false``. It also shows the latest
+    value of each `show` key that health callbacks publish in ``state.logs`` (``train/`` dropped).
 
     Example:
         >>> ProgressBar(every_n_steps=20).every_n_steps
         20
     """
 
-    def __init__(self, every_n_steps: int = 10, refresh_seconds: float = 0.25) -> None:
+    def __init__(self, every_n_steps: int = 10, refresh_seconds: float = 0.25, show: Sequence[str] = SHOW) -> None:
         self.every_n_steps = every_n_steps
         self.refresh_seconds = refresh_seconds
+        self.show = tuple(show)
+        self._shown: dict[str, float] = {}
         self._progress: Any = None
         self._task: Any = None
         self._start = 0.0
@@ -38,6 +51,7 @@ class ProgressBar(Callback):
         from rich.console import Console
 
         self._active = trainer.accelerator.is_main_process
+        self._shown = {}
         self._start = time.monotonic()
         console = Console()
         if not self._active or not console.is_terminal:
@@ -55,6 +69,11 @@ class ProgressBar(Callback):
         )
         self._progress.start()
         self._task = self._progress.add_task("train", total=trainer.total_steps or None, epoch=0, info="")
+
+    def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
+        # keep the latest values: the metrics logger clears state.logs when it writes them
+        logs = trainer.state.logs
+        self._shown.update((k, logs[k]) for k in self.show if k in logs)
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if not self._active:
@@ -96,4 +115,5 @@ class ProgressBar(Callback):
         rate = state.samples / max(time.monotonic() - self._start, 1e-9)
         loss = f"loss {float(state.loss):.4f}" if state.loss is not None else ""
         skipped = f" skipped {state.skipped_steps}" if state.skipped_steps else ""
-        return f"{loss} lr {state.lr:.2e} {rate:.0f} samples/s{skipped}"
+        extra = "".join(f" {k.removeprefix('train/')} {v:.3g}" for k, v in self._shown.items())
+        return f"{loss} lr {state.lr:.2e} {rate:.0f} samples/s{skipped}{extra}"

@@ -46,6 +46,9 @@ class TrainState:
     """Latest value of every evaluation metric so far, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
     eval_metrics: dict[str, float] = field(default_factory=dict)
     """The metrics of the latest evaluation pass only (what VALIDATION_END reports)."""
+    eval_outputs: dict[str, Any] = field(default_factory=dict)
+    """The gathered `validation_step` outputs of the latest evaluation pass (e.g. ``preds``, ``target``),
+    padding duplicates dropped; what `compute_metrics` saw. Replaced by the next pass."""
     logs: dict[str, float] = field(default_factory=dict)
     """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``); the
     metrics logger writes them at its next logging step and clears them."""

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import shutil
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from torch import nn
 
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
+from sss.trainer import _checkpoint_io as ckpt_io
 from sss.trainer.module import LitModule, _batch_size
 from sss.trainer.state import TrainState
 
@@ -67,15 +69,25 @@ class SSSTrainer:
         *,
         callbacks: Sequence[Callback] = (),
         accelerator: Accelerator | None = None,
+        run_config: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         self.config = _with_overrides(config or TrainerConfig(), overrides)
+        self.run_config = run_config
+        """The whole run's config (model, data, ...), saved in checkpoints and checked on resume."""
         self.accelerator = accelerator if accelerator is not None else _build_accelerator(self.config)
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
             raise ConfigError(
                 f"trainer.gradient_accumulation_steps is {self.config.gradient_accumulation_steps} but the given "
                 f"Accelerator accumulates {self.accelerator.gradient_accumulation_steps}: build it with "
                 f"Accelerator(gradient_accumulation_steps={self.config.gradient_accumulation_steps})"
+            )
+        if accelerator is not None and not accelerator.dataloader_config.use_seedable_sampler:
+            warnings.warn(
+                "the given Accelerator shuffles without a seedable sampler, so a resumed run cannot replay the "
+                "data order: build it with dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, "
+                "data_seed=SEED) for exact resumes",
+                stacklevel=2,
             )
         self.callbacks: list[Callback] = _with_stock_callbacks(list(callbacks), self.config)
         self.state = TrainState()
@@ -89,6 +101,7 @@ class SSSTrainer:
         self._grads_checked = False
         self._epoch_finished = False
         self._resume_batches = 0
+        self._resume_rng: dict[str, Any] | None = None
 
     @property
     def output_dir(self) -> Path:
@@ -130,12 +143,18 @@ class SSSTrainer:
         batches = self.accelerator.skip_first_batches(loader, start) if start else loader
         self._fire(Event.EPOCH_START)
         for batch_idx, batch in enumerate(batches, start=start):
+            if self._resume_rng is not None:  # starting the loader mid-epoch drew from the RNG; undo that
+                _set_rng_state(self._resume_rng)
+                self._resume_rng = None
             state.batch_idx = batch_idx
             self._train_step(batch, batch_idx)
             if state.should_stop or self._max_steps_reached():
                 break
         else:
             self._epoch_finished = True
+        if self._resume_rng is not None:  # resumed after the epoch's last batch: nothing was left to run
+            _set_rng_state(self._resume_rng)
+            self._resume_rng = None
         last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
         ending = last_epoch or state.should_stop or self._max_steps_reached()
         due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
@@ -173,13 +192,19 @@ class SSSTrainer:
         if not self._grads_checked:
             self._check_gradients()
         self._fire(Event.AFTER_BACKWARD)
+        fused_skip = False
         if state.skip_step:  # a callback discarded this window (e.g. a NaN loss under on_nan=skip)
             _skip_optimizer_step(accelerator)
         else:
             if cfg.max_grad_norm is not None:
                 state.grad_norm = _clip_grad_norm(accelerator, self.model.parameters(), cfg.max_grad_norm)
+            scale = _fused_loss_scale(accelerator, self.optimizer)
             self.optimizer.step()
-        state.step_was_skipped, state.skip_step = state.skip_step or accelerator.optimizer_step_was_skipped, False
+            # A fused optimizer skips inside its kernel, and Accelerate reports the step as taken
+            # (accelerate#4242); the scaler backing off is the only trace of it.
+            fused_skip = scale is not None and accelerator.scaler.get_scale() < scale
+        skipped = state.skip_step or accelerator.optimizer_step_was_skipped or fused_skip
+        state.step_was_skipped, state.skip_step = skipped, False
         if state.step_was_skipped:  # the fp16 scaler found inf/NaN: no update, no schedule step
             state.skipped_steps += 1
         else:
@@ -235,6 +260,7 @@ class SSSTrainer:
         metrics = {f"{prefix}/{k}": v for k, v in self.module.compute_metrics(joined).items()} if joined else {}
         state.metrics.update(metrics)
         state.eval_metrics = metrics
+        state.eval_outputs = joined
         self.model.train(was_training)
         self._fire(Event.VALIDATION_END)
         state.stage = previous
@@ -253,11 +279,10 @@ class SSSTrainer:
             shutil.rmtree(tmp)
         accelerator.wait_for_everyone()
         accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()  # every process's RNG file is in tmp
         if accelerator.is_main_process:
-            (tmp / "trainer_state.json").write_text(json.dumps(self._checkpoint_meta(), indent=2))
-            if final.exists():  # this run's own earlier save of the same step (e.g. step and epoch end)
-                shutil.rmtree(final)
-            tmp.rename(final)
+            (tmp / ckpt_io.MARKER).write_text(json.dumps(self._checkpoint_meta(), indent=2))  # written last
+            ckpt_io.commit_folder(tmp, final)
         accelerator.wait_for_everyone()
         self.state.last_checkpoint = str(final)
         self._fire(Event.SAVE_CHECKPOINT)
@@ -266,14 +291,20 @@ class SSSTrainer:
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a checkpoint written by `save_checkpoint` (call inside `fit` via ``ckpt_path``)."""
         path = Path(path)
-        meta_file = path / "trainer_state.json"
+        meta_file = path / ckpt_io.MARKER
         if not meta_file.is_file():
-            raise FileNotFoundError(f"{path} is not a complete sss checkpoint (no trainer_state.json)")
+            raise FileNotFoundError(f"{path} is not a complete sss checkpoint (no {ckpt_io.MARKER})")
         meta = json.loads(meta_file.read_text())
+        self._check_resumable(path, meta)
+        ckpt_io.check_no_code_on_load(path)
         self.accelerator.load_state(str(path))
         state = self.state
         state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
         state.epoch, self._resume_batches = meta["resume_epoch"], meta["resume_batch"]
+        # The uninterrupted run had its epoch's loader running when it saved; a resumed one starts
+        # it anew, and DataLoader.__iter__ draws a seed from the global RNG. Mid-epoch, the saved
+        # state is restored again at the first batch (PITFALLS §A 9; transformers #39215).
+        self._resume_rng = _get_rng_state() if self._resume_batches else None
         state.samples, state.metrics = meta["samples"], dict(meta["metrics"])
         for callback, saved in zip(self.callbacks, meta["callbacks"], strict=False):
             if type(callback).__name__ == saved["class"]:
@@ -281,8 +312,29 @@ class SSSTrainer:
         state.last_checkpoint = str(path)
         self._fire(Event.LOAD_CHECKPOINT)
 
+    def _check_resumable(self, path: Path, meta: dict[str, Any]) -> None:
+        saved_procs, procs = meta.get("num_processes", 1), self.accelerator.num_processes
+        if saved_procs != procs:
+            raise ConfigError(
+                f"{path} was written by {saved_procs} process(es) and this run has {procs}: the data shards and "
+                f"RNG streams would differ. Resume with the same count (sss fit ... --num-processes {saved_procs})."
+            )
+        problems = ckpt_io.config_differences(meta.get("config", {}), self._config_record())
+        if problems:
+            raise ConfigError(
+                f"cannot resume {path}: the config changed in fields that change the training math:\n  "
+                + "\n  ".join(problems)
+                + "\nSet them back to the checkpoint's values, or start a new run (another trainer.output_dir)."
+            )
+
+    def _config_record(self) -> dict[str, Any]:
+        record = dict(self.run_config) if self.run_config is not None else {}
+        record["trainer"] = dataclasses.asdict(self.config)  # the effective one, with overrides
+        return record
+
     def _checkpoint_meta(self) -> dict[str, Any]:
         state = self.state
+        config = self._config_record()
         resume_epoch, resume_batch = (
             (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
         )
@@ -296,7 +348,9 @@ class SSSTrainer:
             "samples": state.samples,
             "metrics": state.metrics,
             "callbacks": [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks],
-            "config": dataclasses.asdict(self.config),
+            "num_processes": self.accelerator.num_processes,
+            "config_hash": ckpt_io.config_hash(config),
+            "config": config,
         }
 
     # ------------------------------------------------------------------ set-up
@@ -393,12 +447,42 @@ def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor]
         accelerator.native_amp = native_amp
 
 
+def _fused_loss_scale(accelerator: Accelerator, optimizer: Any) -> float | None:
+    # Only fused optimizers (torch's `_step_supports_amp_scaling`) need the check; get_scale() is a
+    # device sync, which the unfused GradScaler.step pays anyway.
+    scaler, inner = accelerator.scaler, getattr(optimizer, "optimizer", optimizer)
+    if scaler is None or not scaler.is_enabled() or not getattr(inner, "_step_supports_amp_scaling", False):
+        return None
+    return scaler.get_scale()
+
+
 def _skip_optimizer_step(accelerator: Accelerator) -> None:
     # The gradients were already unscaled for this step; GradScaler keeps that per-optimizer
     # record until update(), so close the step the way a scaler-skipped one ends (update backs
     # off the scale when the gradients held inf/NaN, as they do for a NaN loss).
     if accelerator.scaler is not None:
         accelerator.scaler.update()
+
+
+def _get_rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def _set_rng_state(saved: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(saved["python"])
+    np.random.set_state(saved["numpy"])
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda"])
 
 
 def _own_buffer_storage(module: nn.Module) -> None:
@@ -514,7 +598,5 @@ def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list
         stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
     ckpt = cfg.checkpoint
     if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
-        stock.append(
-            ModelCheckpoint(every_n_steps=ckpt.every_n_steps, every_epoch=ckpt.every_epoch, keep_last=ckpt.keep_last)
-        )
+        stock.append(ModelCheckpoint(**dataclasses.asdict(ckpt)))
     return callbacks + stock  # checkpoints last: they save what the other callbacks just updated

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
 
 from sss import Callback, SSSTrainer
 from sss.testing import BoringModule, boring_loader
@@ -34,7 +35,12 @@ class ParamWatch(Callback):
 def _fp16_cpu_accelerator(init_scale: float, accumulation: int) -> Accelerator:
     # Accelerate leaves fp16 off on a CPU; switch on its own machinery (autocast on the prepared
     # forward, GradScaler in backward/step/unscale) with a real CPU GradScaler.
-    accelerator = Accelerator(cpu=True, mixed_precision="fp16", gradient_accumulation_steps=accumulation)
+    accelerator = Accelerator(
+        cpu=True,
+        mixed_precision="fp16",
+        gradient_accumulation_steps=accumulation,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
     accelerator.native_amp = True
     accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     return accelerator
@@ -113,3 +119,23 @@ def test_callback_can_discard_a_window(fp16):
     assert trainer.state.skip_step is False
     if fp16:  # the scaler's per-step record was closed: the next steps unscaled and stepped normally
         assert all(r[1] for i, r in enumerate(watch.rows) if i != 1)
+
+
+def test_fused_optimizer_skip_is_a_skipped_step():
+    # A fused AdamW skips inside its kernel and Accelerate reports a step taken (accelerate#4242);
+    # the trainer reads the loss scale backing off instead.
+    module = BoringModule()
+    calls = {"n": 0}
+
+    def poison_second(grad):
+        calls["n"] += 1
+        return grad * math.inf if calls["n"] == 2 else grad
+
+    module.fusion_head.head.weight.register_hook(poison_second)
+    accelerator = _fp16_cpu_accelerator(init_scale=2.0**4, accumulation=1)
+    sched = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 1, "gamma": 0.5}
+    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.01, "fused": True}, "scheduler": sched}
+    trainer = SSSTrainer(accelerator=accelerator, max_steps=3, optim=optim, **QUIET)
+    trainer.fit(module, train_dataloaders=boring_loader(n=64, batch_size=4))
+    assert trainer.state.global_step == 3 and trainer.state.skipped_steps == 1
+    assert trainer.scheduler.last_epoch == 3  # the skipped step did not advance the schedule

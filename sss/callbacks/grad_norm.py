@@ -1,0 +1,251 @@
+"""`GradNormMonitor`: global and per-modality gradient norms, advice when they look unhealthy, optional OGM-GE."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sss.callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from sss.trainer.module import LitModule
+    from sss.trainer.trainer import SSSTrainer
+
+__all__ = ["GradNormMonitor"]
+
+MODALITIES = ("image", "audio")
+
+
+def _warn_once(trainer: SSSTrainer, seen: set[str], key: str, message: str, local: bool = False) -> None:
+    """Warn once per `key`; figures equal on every process warn on the main one only, local ones name their rank."""
+    if key in seen:
+        return
+    seen.add(key)
+    accelerator = trainer.accelerator
+    if accelerator.is_main_process:
+        warnings.warn(message, stacklevel=3)
+    elif local:
+        warnings.warn(f"[rank {accelerator.process_index}] {message}", stacklevel=3)
+
+
+class GradNormMonitor(Callback):
+    """Every N steps: the gradient norm (unscaled, before clipping) overall and per part, with advice.
+
+    Publishes ``train/grad_norm``, ``train/grad_norm/<part>`` and ``train/grad_share/<part>`` (share of
+    the squared norm, so the shares sum to 1) for the parts of `LitModule.modality_groups`, and
+    ``train/update_ratio`` (|Δθ| / |θ| of the step). It warns once per condition when, for `patience`
+    checks in a row: the norm stays under `min_norm` or the update ratio under `min_update_ratio`
+    (learning rate too small); the norm reaches ``trainer.max_grad_norm`` or the update ratio exceeds
+    `max_update_ratio` (too large); image or audio gets under `min_share` of the two modalities' norm
+    (imbalance). With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
+
+    Example:
+        >>> from sss import SSSTrainer
+        >>> from sss.testing import BoringModule, boring_loader
+        >>> monitor = GradNormMonitor(every_n_steps=1)
+        >>> trainer = SSSTrainer(max_steps=2, callbacks=[monitor], mixed_precision="no",
+        ...                      log={"progress": False, "trackers": []}, checkpoint={"every_epoch": False})
+        sss: mixed precision no
+        >>> _ = trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+        >>> sorted(k for k in trainer.state.logs if k.startswith("train/grad_share"))
+        ['train/grad_share/audio', 'train/grad_share/fusion', 'train/grad_share/heads', 'train/grad_share/image']
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 10,
+        patience: int = 5,
+        min_norm: float = 0.01,
+        min_update_ratio: float = 1e-6,
+        max_update_ratio: float = 0.1,
+        min_share: float = 0.05,
+        ogm_ge: bool = False,
+        ogm_alpha: float = 0.5,
+        ogm_noise: bool = True,
+    ) -> None:
+        self.every_n_steps = every_n_steps
+        self.patience = patience
+        self.min_norm, self.min_share = min_norm, min_share
+        self.min_update_ratio, self.max_update_ratio = min_update_ratio, max_update_ratio
+        self.ogm_ge, self.ogm_alpha, self.ogm_noise = ogm_ge, ogm_alpha, ogm_noise
+        self.norms: dict[str, float] = {}
+        """The latest per-part norms and ``total``."""
+        self._streaks: dict[str, int] = {}
+        self._warned: set[str] = set()
+        self._before: list[torch.Tensor] | None = None
+        self._last_ratio = math.inf
+        self._batch: Any = None
+        self._hook: Any = None
+
+    def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._streaks.clear()
+        self._last_ratio = math.inf
+        if self.ogm_ge and self._hook is None:
+            # OGM-GE scores each modality on the batch; the loop does not hand batches to callbacks,
+            # so keep a reference to the latest one the module saw (no copy).
+            self._hook = module.register_forward_pre_hook(self._remember_batch)
+
+    def _remember_batch(self, module: LitModule, args: tuple[Any, ...]) -> None:
+        if module.training and args and isinstance(args[0], dict):
+            self._batch = args[0]
+
+    def on_after_backward(self, trainer: SSSTrainer, module: LitModule) -> None:
+        # the step about to be applied is number global_step + 1: the one the metrics logger logs
+        if (trainer.state.global_step + 1) % self.every_n_steps == 0:
+            self._measure(trainer, module)
+            self._before = [p.detach().clone() for p in module.parameters() if p.requires_grad]
+        if self.ogm_ge:
+            self._ogm_ge(trainer, module)
+
+    def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if self._before is None:
+            return
+        after = [p.detach() for p in module.parameters() if p.requires_grad]
+        delta = _total_norm([a - b for a, b in zip(after, self._before, strict=True)])
+        weight = _total_norm(self._before)
+        self._before = None  # free the copy of the weights before the next step
+        if trainer.state.step_was_skipped:
+            return
+        ratio = self._last_ratio = delta / max(weight, 1e-12)
+        trainer.state.logs["train/update_ratio"] = ratio
+        lr = trainer.state.lr
+        self._check(
+            trainer,
+            "lr_small_update",
+            ratio < self.min_update_ratio,
+            f"parameters moved by {ratio:.1e} of their norm per step (under {self.min_update_ratio:.0e}) for "
+            f"{self.patience} checks: the learning rate may be too small (lr={lr:.1e}); raise it",
+        )
+        self._check(
+            trainer,
+            "lr_large_update",
+            ratio > self.max_update_ratio,
+            f"parameters moved by {ratio:.2f} of their norm per step (over {self.max_update_ratio}) for "
+            f"{self.patience} checks: the learning rate may be too large (lr={lr:.1e}); lower it",
+        )
+
+    def _measure(self, trainer: SSSTrainer, module: LitModule) -> None:
+        groups = module.modality_groups()
+        norms = {name: _norm(params) for name, params in groups.items()}
+        total = math.sqrt(sum(n * n for n in norms.values()))
+        self.norms = {**norms, "total": total}
+        logs = trainer.state.logs
+        logs["train/grad_norm"] = total
+        for name, value in norms.items():
+            logs[f"train/grad_norm/{name}"] = value
+            logs[f"train/grad_share/{name}"] = value * value / total**2 if total > 0 else 0.0
+        clip = trainer.config.max_grad_norm
+        self._check(
+            trainer,
+            "lr_small_norm",
+            total < self.min_norm,
+            f"the gradient norm stayed under {self.min_norm} for {self.patience} checks (latest {total:.2e}): "
+            "the learning rate may be too small, or the loss is saturated",
+        )
+        self._check(
+            trainer,
+            "lr_large_clip",
+            # clipped every step while the weights barely move is a small LR with large gradients, not a large LR
+            clip is not None and total >= 0.99 * clip and self._last_ratio >= self.min_update_ratio,
+            f"the gradient norm sat at the clip value trainer.max_grad_norm={clip} for {self.patience} checks "
+            f"(latest {total:.2e}): every step is clipped; the learning rate may be too large "
+            "(or the clip value too low for this model)",
+        )
+        present = [m for m in MODALITIES if getattr(module, f"{m}_encoder", None) is not None]
+        both = sum(norms[m] for m in present)
+        for m in present if len(present) == 2 else ():
+            share = norms[m] / both if both > 0 else 0.0
+            frozen = " (none of its parameters are trainable)" if not groups[m] else ""
+            self._check(
+                trainer,
+                f"imbalance_{m}",
+                share < self.min_share,
+                f"modality imbalance: {m} gets {share:.1%} of the image+audio gradient norm{frozen} for "
+                f"{self.patience} checks: that branch is starving. Try modality dropout, or "
+                "GradNormMonitor(ogm_ge=true) to slow the dominant modality (OGM-GE)",
+            )
+
+    def _check(self, trainer: SSSTrainer, key: str, bad: bool, message: str) -> None:
+        self._streaks[key] = self._streaks.get(key, 0) + 1 if bad else 0
+        if self._streaks[key] >= self.patience:
+            _warn_once(trainer, self._warned, key, f"GradNormMonitor: {message}")
+
+    def _ogm_ge(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """OGM-GE: slow the gradients of the modality that dominates, then add noise of the gradients' scale.
+
+        Each modality's score is the summed softmax probability of the true class when the model
+        runs, in eval mode, on that modality alone (the other one absent, as `LitModule.forward`
+        allows), on the latest micro-batch; the scores are summed over processes. The dominant modality, with score
+        ratio ρ > 1, gets its encoder gradients multiplied by 1 - tanh(α·ρ) (Peng et al., eq. 10);
+        with `ogm_noise`, each encoder gradient gets Gaussian noise with the gradient's own std
+        (the GE part), drawn from a generator seeded by the step so every process adds the same noise.
+        """
+        batch = self._batch
+        if batch is None or "label" not in batch:
+            message = "GradNormMonitor: OGM-GE needs the class of each sample in batch['label']; not modulating"
+            _warn_once(trainer, self._warned, "ogm_label", message)
+            return
+        scores = []
+        module.eval()  # the extra passes must not move batch-norm statistics (nor draw dropout masks)
+        try:
+            with torch.no_grad():
+                for kept in MODALITIES:
+                    alone = {k: v for k, v in batch.items() if k not in MODALITIES or k == kept}
+                    probs = torch.softmax(_logits(module(alone)).float(), dim=-1)
+                    scores.append(probs.gather(1, batch["label"].long().view(-1, 1)).sum())
+        finally:
+            module.train()
+        scores_t = torch.stack(scores)
+        if trainer.accelerator.num_processes > 1:
+            scores_t = trainer.accelerator.reduce(scores_t, reduction="sum")
+        s_image, s_audio = (float(s) for s in scores_t)
+        ratio = s_image / max(s_audio, 1e-12)
+        coeffs = {"image": 1.0, "audio": 1.0}
+        if ratio > 1:
+            coeffs["image"] = 1 - math.tanh(self.ogm_alpha * ratio)
+        elif ratio < 1:
+            coeffs["audio"] = 1 - math.tanh(self.ogm_alpha / max(ratio, 1e-12))
+        groups = module.modality_groups()
+        generator = torch.Generator().manual_seed(trainer.config.seed * 1_000_003 + trainer.state.global_step)
+        for m in MODALITIES:
+            for p in groups[m]:
+                if p.grad is None:
+                    continue
+                p.grad.mul_(coeffs[m])
+                if self.ogm_noise and p.grad.numel() > 1:
+                    noise = torch.randn(p.grad.shape, generator=generator, dtype=torch.float32)
+                    p.grad.add_(noise.to(p.grad) * p.grad.float().std())
+        logs = trainer.state.logs
+        logs["train/ogm/score_ratio"] = ratio
+        logs["train/ogm/coeff_image"], logs["train/ogm/coeff_audio"] = coeffs["image"], coeffs["audio"]
+
+    def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._release()
+
+    def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+        self._hook, self._batch, self._before = None, None, None
+
+
+def _norm(params: list[torch.nn.Parameter]) -> float:
+    return _total_norm([p.grad for p in params if p.grad is not None])
+
+
+def _total_norm(tensors: list[torch.Tensor]) -> float:
+    if not tensors:
+        return 0.0
+    # one reduction per tensor, then one device sync for the whole list
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
+
+
+def _logits(outputs: Any) -> torch.Tensor:
+    if isinstance(outputs, dict):
+        outputs = outputs["logits"]
+    return outputs

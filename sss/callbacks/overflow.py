@@ -1,0 +1,201 @@
+"""`OverflowDetector`: fp16 skipped steps (fused optimizers too), a NaN/inf loss policy, and an abort with advice."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sss.callbacks.base import Callback
+from sss.callbacks.grad_norm import _warn_once
+
+if TYPE_CHECKING:
+    from sss.trainer.module import LitModule
+    from sss.trainer.trainer import SSSTrainer
+
+__all__ = ["OverflowDetector"]
+
+ADVICE = (
+    "Try trainer.mixed_precision=bf16 (fp32's range, no loss scaling), a lower learning rate "
+    "(trainer.optim.optimizer.lr), gradient clipping (trainer.max_grad_norm), or clamping the loss/logits in "
+    "compute_loss; OverflowDetector(find_culprit=true) names the first module that overflows."
+)
+
+
+class OverflowDetector(Callback):
+    """Counts skipped optimizer steps, applies a policy to non-finite losses, and aborts a run that cannot step.
+
+    * Steps the fp16 loss scaler skipped are in ``state.skipped_steps``. A fused optimizer
+      (``AdamW(fused=True)``) skips inside its kernel, which Accelerate reports as a step taken
+      (accelerate#4242); the detector notices the loss scale dropping and counts those too.
+    * A NaN/inf loss anywhere in the accumulation window: ``on_nan="skip"`` discards the window
+      (``state.skip_step``); ``on_nan="raise"`` stops with a `FloatingPointError` naming the step and batch.
+    * `max_consecutive_skips` skipped steps in a row raise a `RuntimeError` with advice.
+    * ``find_culprit=True`` installs forward hooks (a device sync per module and step, so only on
+      request) and names the first module whose output or gradient is not finite.
+
+    Publishes ``train/overflow/skipped`` (all kinds), ``train/overflow/nan_losses`` and ``train/loss_scale``.
+
+    Example:
+        >>> OverflowDetector(on_nan="raise").on_nan
+        'raise'
+        >>> OverflowDetector(on_nan="ignore")
+        Traceback (most recent call last):
+        ...
+        ValueError: OverflowDetector on_nan must be 'skip' or 'raise', got 'ignore'
+    """
+
+    def __init__(self, on_nan: str = "skip", max_consecutive_skips: int = 100, find_culprit: bool = False) -> None:
+        if on_nan not in ("skip", "raise"):
+            raise ValueError(f"OverflowDetector on_nan must be 'skip' or 'raise', got {on_nan!r}")
+        self.on_nan = on_nan
+        self.max_consecutive_skips = max_consecutive_skips
+        self.find_culprit = find_culprit
+        self.nan_losses = 0
+        """Windows with a non-finite loss so far."""
+        self.fused_skips = 0
+        """Steps a fused optimizer skipped that the trainer counted as taken."""
+        self.consecutive = 0
+        self._window_bad: torch.Tensor | None = None
+        self._scale_before: float | None = None
+        self._order: list[tuple[str, torch.nn.Module]] = []
+        self._bad_output: str | None = None
+        self._hooks: list[Any] = []
+        self._warned: set[str] = set()
+
+    def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if trainer.state.last_checkpoint is None:  # a fresh fit; a resume restored the counts before FIT_START
+            self.nan_losses = self.fused_skips = 0
+        self.consecutive, self._window_bad = 0, None
+        if self.find_culprit and not self._hooks:
+            self._hooks = [sub.register_forward_hook(self._output_hook(name)) for name, sub in module.named_modules()]
+
+    def _output_hook(self, name: str) -> Any:
+        def hook(sub: torch.nn.Module, args: Any, output: Any) -> None:
+            if sub.training:
+                self._order.append((name, sub))  # children finish first: execution order, innermost first
+                if self._bad_output is None and not _finite(output):
+                    self._bad_output = f"{name or '<root>'} ({type(sub).__name__}) output"
+
+        return hook
+
+    def on_batch_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if trainer.state.micro_step == 0:  # a new accumulation window
+            self._order, self._bad_output = [], None
+
+    def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        loss = trainer.state.loss
+        if trainer.state.micro_step != 0 and loss is not None:  # mid-window: remember, without a device sync
+            bad = ~torch.isfinite(loss).all()
+            self._window_bad = bad if self._window_bad is None else self._window_bad | bad
+
+    def on_after_backward(self, trainer: SSSTrainer, module: LitModule) -> None:
+        state, accelerator = trainer.state, trainer.accelerator
+        bad = ~torch.isfinite(state.loss).all()
+        if self._window_bad is not None:
+            bad, self._window_bad = bad | self._window_bad, None
+        if accelerator.num_processes > 1:  # every process must take the same decision, or the replicas drift
+            bad = accelerator.reduce(bad.float().reshape(1), reduction="sum") > 0
+        scaler = accelerator.scaler
+        self._scale_before = scaler.get_scale() if scaler is not None else None
+        if self.find_culprit and self._bad_output is None:
+            self._bad_output = _bad_gradient(self._order)
+        if not bool(bad):  # one sync per optimizer step
+            return
+        self.nan_losses += 1
+        where = f"global_step {state.global_step} (epoch {state.epoch}, batch index {state.batch_idx})"
+        culprit = f"; first non-finite: {self._bad_output}" if self._bad_output else ""
+        if self.on_nan == "raise":
+            raise FloatingPointError(
+                f"OverflowDetector: the loss is {float(state.loss)} at {where}{culprit}. {ADVICE} "
+                "To skip such batches instead, set on_nan: skip."
+            )
+        state.skip_step = True
+        _warn_once(
+            trainer,
+            self._warned,
+            "nan",
+            f"OverflowDetector: non-finite loss at {where}{culprit}: batch skipped (on_nan=skip); "
+            "further ones are counted in train/overflow/nan_losses",
+        )
+
+    def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
+        state, scaler = trainer.state, trainer.accelerator.scaler
+        hidden = (
+            not state.step_was_skipped
+            and scaler is not None
+            and self._scale_before is not None
+            and scaler.get_scale() < self._scale_before  # update() backs off only when it found inf/NaN
+        )
+        if hidden:
+            self.fused_skips += 1
+            _warn_once(
+                trainer,
+                self._warned,
+                "fused",
+                f"OverflowDetector: the loss scaler skipped global_step {state.global_step} inside a fused optimizer, "
+                "which Accelerate reports as a step taken (accelerate#4242); global_step and the LR schedule advanced. "
+                "Counted in train/overflow/skipped.",
+            )
+        self._scale_before = None
+        skipped = state.step_was_skipped or hidden
+        self.consecutive = self.consecutive + 1 if skipped else 0
+        if skipped and self._bad_output:
+            _warn_once(
+                trainer,
+                self._warned,
+                f"culprit:{self._bad_output}",
+                f"OverflowDetector: skipped global_step {state.global_step}; first non-finite: {self._bad_output}",
+                local=True,  # the hooks saw this process's data: other processes may name another module
+            )
+        logs = state.logs
+        logs["train/overflow/skipped"] = state.skipped_steps + self.fused_skips
+        logs["train/overflow/nan_losses"] = self.nan_losses
+        if scaler is not None:
+            logs["train/loss_scale"] = scaler.get_scale()
+        if self.consecutive >= self.max_consecutive_skips:
+            raise RuntimeError(
+                f"OverflowDetector: {self.consecutive} optimizer steps in a row were skipped (up to global_step "
+                f"{state.global_step}, epoch {state.epoch}, batch index {state.batch_idx}): the loss or the gradients "
+                f"are not finite at every step, so the model has stopped learning. {ADVICE}"
+            )
+
+    def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._remove_hooks()
+
+    def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._order = [], []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"nan_losses": self.nan_losses, "fused_skips": self.fused_skips}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.nan_losses, self.fused_skips = int(state["nan_losses"]), int(state["fused_skips"])
+
+
+def _finite(output: Any) -> bool:
+    if isinstance(output, torch.Tensor):
+        return not output.is_floating_point() or bool(torch.isfinite(output).all())
+    if isinstance(output, (tuple, list)):
+        return all(_finite(o) for o in output)
+    if isinstance(output, dict):
+        return all(_finite(o) for o in output.values())
+    return True
+
+
+def _bad_gradient(order: list[tuple[str, torch.nn.Module]]) -> str | None:
+    # Backward runs the forward order in reverse, so the first bad gradient is the last module's.
+    seen: set[int] = set()
+    for name, sub in reversed(order):
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        for pname, p in sub.named_parameters(recurse=False):
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"{name or '<root>'} ({type(sub).__name__}) gradient of {pname}"
+    return None

@@ -1,0 +1,118 @@
+"""GradNormMonitor: per-part norms combine to the trainer's global norm; advice for bad LRs and starving modalities."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from sss import Callback, SSSTrainer
+from sss.callbacks import GradNormMonitor
+from sss.testing import BoringModule, boring_loader
+
+QUIET = {"log": {"progress": False, "trackers": []}, "checkpoint": {"every_epoch": False}, "mixed_precision": "no"}
+
+
+def _fit(callbacks, lr=0.1, module=None, steps=8, **kw):
+    trainer = SSSTrainer(
+        callbacks=callbacks,
+        max_steps=steps,
+        optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": lr}},
+        **QUIET,
+        **kw,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module or BoringModule(), train_dataloaders=boring_loader(n=64, batch_size=8))
+    return trainer, [str(w.message) for w in caught if "GradNormMonitor" in str(w.message)]
+
+
+class AfterStep(Callback):
+    def __init__(self, monitor):
+        self.monitor, self.rows = monitor, []
+
+    def on_after_optimizer_step(self, trainer, module):
+        self.rows.append((dict(self.monitor.norms), float(trainer.state.grad_norm), dict(trainer.state.logs)))
+
+
+def test_per_modality_norms_combine_to_the_global_norm():
+    monitor = GradNormMonitor(every_n_steps=1)
+    probe = AfterStep(monitor)
+    _fit([monitor, probe], max_grad_norm=1e6, steps=4)
+    assert len(probe.rows) == 4
+    for norms, clip_norm, logs in probe.rows:
+        parts = [norms[k] for k in ("image", "audio", "fusion", "heads")]
+        assert all(p > 0 for p in parts[:3]) and parts[3] == 0.0  # BoringModule has no extra heads
+        assert math.sqrt(sum(p * p for p in parts)) == pytest.approx(norms["total"], rel=1e-6)
+        # the trainer's own clip_grad_norm_ (over all parameters) gives the same global norm
+        assert norms["total"] == pytest.approx(clip_norm, rel=1e-5)
+        shares = [logs[f"train/grad_share/{k}"] for k in ("image", "audio", "fusion", "heads")]
+        assert sum(shares) == pytest.approx(1.0)
+        assert logs["train/grad_norm/audio"] == norms["audio"]
+
+
+def test_tiny_learning_rate_warns_too_small_and_only_once():
+    _, messages = _fit([GradNormMonitor(every_n_steps=1, patience=3)], lr=1e-9, steps=10)
+    small = [m for m in messages if "may be too small" in m]
+    assert len(small) == 1, messages
+    assert "lr=1.0e-09" in small[0]
+    assert not any("too large" in m for m in messages)
+
+
+def test_huge_learning_rate_warns_too_large():
+    _, messages = _fit([GradNormMonitor(every_n_steps=1, patience=3)], lr=10.0, max_grad_norm=1.0)
+    assert any("sat at the clip value trainer.max_grad_norm=1.0" in m and "too large" in m for m in messages), messages
+    assert not any("too small" in m for m in messages)
+
+
+def test_healthy_learning_rate_gives_no_advice():
+    _, messages = _fit([GradNormMonitor(every_n_steps=1, patience=3)], lr=0.1, max_grad_norm=100.0)
+    assert messages == []
+
+
+def test_frozen_audio_branch_warns_imbalance():
+    module = BoringModule()
+    module.audio_encoder.requires_grad_(False)
+    trainer, messages = _fit([GradNormMonitor(every_n_steps=1, patience=3)], module=module)
+    imbalance = [m for m in messages if "modality imbalance" in m]
+    assert len(imbalance) == 1 and "audio gets 0.0%" in imbalance[0] and "none of its parameters" in imbalance[0]
+    assert "OGM-GE" in imbalance[0] and "modality dropout" in imbalance[0]
+    assert trainer.state.logs["train/grad_share/audio"] == 0.0
+
+
+class GradSnapshot(Callback):
+    def __init__(self):
+        self.grads = []
+
+    def on_after_backward(self, trainer, module):
+        self.grads.append({n: p.grad.clone() for n, p in module.named_parameters()})
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_ogm_ge_slows_the_dominant_modality(noise):
+    before, after = GradSnapshot(), GradSnapshot()
+    monitor = GradNormMonitor(every_n_steps=1, ogm_ge=True, ogm_alpha=0.5, ogm_noise=noise)
+    coeffs = []
+
+    class Coeffs(Callback):
+        def on_after_backward(self, trainer, module):
+            logs = trainer.state.logs
+            coeffs.append((logs["train/ogm/coeff_image"], logs["train/ogm/coeff_audio"], logs["train/ogm/score_ratio"]))
+
+    _fit([before, monitor, Coeffs(), after], steps=3)
+    assert len(coeffs) == 3
+    for (c_img, c_aud, ratio), b, a in zip(coeffs, before.grads, after.grads, strict=True):
+        dominant = max(ratio, 1 / ratio)
+        assert min(c_img, c_aud) == pytest.approx(1 - math.tanh(0.5 * dominant)) and max(c_img, c_aud) == 1.0
+        for name in b:
+            if name.startswith("fusion_head"):
+                assert torch.equal(a[name], b[name]), "OGM-GE must leave the fusion gradients alone"
+                continue
+            c = c_img if name.startswith("image_encoder") else c_aud
+            if not noise:
+                torch.testing.assert_close(a[name], b[name] * c)
+            elif a[name].numel() > 1:
+                residual = a[name] - b[name] * c
+                assert residual.abs().sum() > 0, "GE noise missing"

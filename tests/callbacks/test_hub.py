@@ -1,0 +1,220 @@
+"""HubPush against a local HTTP server speaking the Hub API that huggingface_hub uses (no code patched out)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+
+from sss import Callback, SSSTrainer
+from sss.callbacks import HubPush
+from sss.testing import BoringModule, boring_loader
+
+TOKEN = "hf_test_token_0123456789"
+REPO = "tester/boring"
+
+
+class FakeHub(ThreadingHTTPServer):
+    """whoami-v2, repos/create, branch, preupload (every file "regular", so inlined), validate-yaml, commit."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.commit_delay = 0.0
+        self.commit_status = 200
+        self.repos: dict[str, dict] = {}
+        self.branches: list[str] = []
+        self.commits: list[dict] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeHub
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _reply(self, code: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        if self.headers.get("authorization") == f"Bearer {TOKEN}":
+            return True
+        self._reply(401, {"error": "Invalid credentials in Authorization header"})
+        return False
+
+    def do_GET(self):
+        if self.path == "/api/whoami-v2" and self._authorized():
+            self._reply(200, {"type": "user", "name": "tester", "orgs": []})
+        elif self.path != "/api/whoami-v2":
+            self._reply(404, {"error": f"no route {self.path}"})
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if not self._authorized():
+            return
+        hub, path = self.server, self.path.split("?")[0]
+        if path == "/api/repos/create":
+            data = json.loads(body)
+            repo = f"{data['organization']}/{data['name']}"
+            if repo in hub.repos:
+                return self._reply(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo}"})
+            hub.repos[repo] = data
+            return self._reply(200, {"url": f"{hub.url}/{repo}"})
+        if path == "/api/validate-yaml":
+            return self._reply(200, {"errors": [], "warnings": []})
+        match = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(preupload|commit|branch)/(.+)", path)
+        if match is None or match.group(1) not in hub.repos:
+            return self._reply(404, {"error": f"Repository not found: {path}"})
+        repo, action, revision = match.groups()
+        if action == "branch":
+            hub.branches.append(revision)
+            return self._reply(200, {})
+        if action == "preupload":
+            files = json.loads(body)["files"]
+            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files]
+            return self._reply(200, {"files": modes})
+        time.sleep(hub.commit_delay)  # a slow Hub
+        if hub.commit_status != 200:
+            return self._reply(hub.commit_status, {"error": "You don't have the rights to push to this repo"})
+        lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+        header = next(item["value"] for item in lines if item["key"] == "header")
+        files = {
+            item["value"]["path"]: base64.b64decode(item["value"]["content"]) for item in lines if item["key"] == "file"
+        }
+        oid = f"{len(hub.commits) + 1:040x}"
+        hub.commits.append({"repo": repo, "revision": revision, "message": header["summary"], "files": files})
+        self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None})
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    server = FakeHub()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _trainer(tmp_path, callbacks, steps=3, checkpoint=None):
+    return SSSTrainer(
+        callbacks=callbacks,
+        max_steps=steps,
+        mixed_precision="no",
+        output_dir=str(tmp_path / "run"),
+        log={"progress": False, "trackers": []},
+        checkpoint=checkpoint or {"every_epoch": False},
+    )
+
+
+def test_end_pushes_the_model_folder(hub, tmp_path, capsys):
+    push = HubPush(REPO, private=True, revision="v1", endpoint=hub.url)
+    module = BoringModule()
+    _trainer(tmp_path, [push]).fit(module, train_dataloaders=boring_loader())
+    assert hub.repos[REPO]["visibility"] == "private" and hub.branches == ["v1"]
+    assert [(c["revision"], c["message"]) for c in hub.commits] == [("v1", "model after global_step 3")]
+    weights = load_safetensors(hub.commits[0]["files"]["model.safetensors"])
+    for name, value in module.state_dict().items():
+        assert torch.equal(weights[name], value), name
+    assert push.pushed == ["model after global_step 3"] and push.errors == []
+    out = capsys.readouterr()
+    assert f"HubPush to {REPO}" in out.out and TOKEN not in out.out + out.err
+
+
+def test_under_sss_fit_the_full_model_folder_is_pushed(hub, tmp_path):
+    from sss.config import SSSConfig, to_yaml
+
+    # what `sss fit` writes before training: OUTPUT_DIR/config.yaml
+    (tmp_path / "run").mkdir()
+    cfg = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule"})
+    (tmp_path / "run" / "config.yaml").write_text(to_yaml(cfg))
+    _trainer(tmp_path, [HubPush(REPO, endpoint=hub.url)]).fit(BoringModule(), train_dataloaders=boring_loader())
+    files = hub.commits[0]["files"]
+    assert sorted(files) == ["README.md", "config.yaml", "model.safetensors"]
+    assert "_target_: sss.testing.BoringModule" in files["config.yaml"].decode() and b"# boring" in files["README.md"]
+
+
+class CommitsAtFitEnd(Callback):
+    def __init__(self, hub):
+        self.hub, self.seen = hub, None
+
+    def on_fit_end(self, trainer, module):
+        self.seen = len(self.hub.commits)
+
+
+def test_every_save_against_a_slow_hub_loses_no_push(hub, tmp_path):
+    hub.commit_delay = 0.4
+    probe, push = CommitsAtFitEnd(hub), HubPush(REPO, strategy="every_save", endpoint=hub.url)
+    checkpoint = {"every_n_steps": 1, "every_epoch": False, "keep_last": 1}  # rotation deletes while pushes queue
+    _trainer(tmp_path, [probe, push], steps=4, checkpoint=checkpoint).fit(
+        BoringModule(), train_dataloaders=boring_loader()
+    )
+    assert probe.seen < 4, "the pushes should still have been queued when training ended"
+    messages = [c["message"] for c in hub.commits]
+    assert messages == [f"checkpoint step_{s:07d}" for s in (1, 2, 3, 4)] + ["model after global_step 4"]
+    for step, commit in enumerate(hub.commits[:4], start=1):
+        state = json.loads(commit["files"]["last-checkpoint/trainer_state.json"])
+        assert state["global_step"] == step
+        assert any(name.startswith("last-checkpoint/model") for name in commit["files"])
+    assert not (tmp_path / "run" / ".hub_staging").exists()  # staged copies removed after their push
+    for path in (tmp_path / "run").rglob("*"):  # the token is written nowhere
+        assert not path.is_file() or TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_bad_token_fails_at_fit_start(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    trainer = _trainer(tmp_path, [HubPush(REPO, endpoint=hub.url)])
+    with pytest.raises(RuntimeError, match="HubPush: cannot push to tester/boring") as err:
+        trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert "Invalid user token" in str(err.value) and "Training has not started" in str(err.value)
+    assert "HF_TOKEN" in str(err.value) and "hf_wrong" not in str(err.value)
+    assert trainer.state.global_step == 0 and hub.repos == {}
+
+
+def test_unreachable_endpoint_fails_at_fit_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    closed = FakeHub()  # bind a free port, then close it: nothing listens there
+    url = closed.url
+    closed.server_close()
+    trainer = _trainer(tmp_path, [HubPush(REPO, endpoint=url)])
+    with pytest.raises(
+        RuntimeError, match=rf"HubPush: cannot push to tester/boring on {url}: .*Training has not started"
+    ):
+        trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert trainer.state.global_step == 0
+
+
+def test_a_failed_push_is_surfaced_at_fit_end(hub, tmp_path):
+    hub.commit_status = 403
+    push = HubPush(REPO, endpoint=hub.url, retries=2)
+    with pytest.raises(
+        RuntimeError, match=r"HubPush: 1 push\(es\) to tester/boring failed: model after global_step 3 \(from "
+    ):
+        _trainer(tmp_path, [push]).fit(BoringModule(), train_dataloaders=boring_loader())
+    assert hub.commits == [] and push.pushed == []
+
+
+@pytest.mark.slow
+def test_every_process_fails_at_fit_start_when_the_hub_is_unreachable(tmp_path):
+    from test_overflow import _launch_two  # the two-process harness
+
+    closed = FakeHub()
+    url = closed.url
+    closed.server_close()
+    ranks = _launch_two(tmp_path, "hub", str(tmp_path / "out"), url)
+    for r in ranks:  # rank 1 got the main process's verdict: it neither hung nor trained
+        assert r["step"] == 0 and r["error"].startswith(f"HubPush: cannot push to tester/boring on {url}")

@@ -1,0 +1,274 @@
+"""Checkpoints you can trust: kill -9 anywhere, resume, and get the uninterrupted run bit for bit.
+
+The runs are real processes (tests/scripts/resume_run.py) killed from here with SIGKILL or
+SIGTERM; tolerance is zero (Composer's standard for exact resume on a CPU).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import runpy
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from sss.callbacks.checkpoint import complete_checkpoints
+from sss.cli import launch_command
+
+SCRIPT = str(Path(__file__).parents[1] / "scripts" / "resume_run.py")
+ENV = {**os.environ, "MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.slow
+
+
+class _Forked:
+    """A one-process run forked from this one: torch is already imported, so it starts at once."""
+
+    def __init__(self, out: Path, args: list[str]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.log = out / "output.txt"
+        self.process = multiprocessing.get_context("fork").Process(target=_child, args=(out, args, self.log))
+        self.process.start()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+class _Launched(subprocess.Popen):
+    """A multi-process run through `accelerate launch`, in its own session so one kill reaches all."""
+
+    def __init__(self, out: Path, args: list[str], nproc: int) -> None:
+        self.log = out.parent / f"{out.name}.output.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = launch_command(nproc, [SCRIPT, str(out), *args])
+        with self.log.open("ab") as log:
+            super().__init__(cmd, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def _child(out: Path, args: list[str], log: Path) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(fd, "w", buffering=1)  # noqa: SIM115 - pytest had replaced both
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the parent's singletons are not this run's
+    GradientState._reset_state()
+    torch.set_num_threads(1)
+    sys.argv = [SCRIPT, str(out), *args]
+    code = 0
+    try:
+        runpy.run_path(SCRIPT, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code or 0
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not pytest's exit handlers
+
+
+def _start(out: Path, args: list[str], nproc: int = 1):
+    return _Forked(out, args) if nproc == 1 else _Launched(out, args, nproc)
+
+
+def _run(out: Path, args: list[str], nproc: int = 1) -> None:
+    proc = _start(out, args, nproc)
+    assert proc.wait(timeout=300) == 0, proc.output()[-3000:]
+
+
+def _wait_for(path: Path, proc, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {path.name}: {proc.output()[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.01)
+
+
+def _kill9(proc) -> None:
+    if isinstance(proc, _Launched):
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+_STRAIGHT: dict[tuple, Path] = {}
+
+
+def _straight(tmp_path_factory, args: list[str], nproc: int = 1) -> Path:
+    """The uninterrupted run; checkpoint cadence does not change the math, so runs share it."""
+    math = [a for i, a in enumerate(args) if a != "--every" and (i == 0 or args[i - 1] != "--every")]
+    math = [a for a in math if a != "--no-epoch-save"]
+    key = (*math, nproc)
+    if key not in _STRAIGHT:
+        out = tmp_path_factory.mktemp("straight")
+        _run(out, args, nproc)
+        _STRAIGHT[key] = out
+    return _STRAIGHT[key]
+
+
+def _losses(out: Path) -> dict[tuple[int, int], str]:
+    rows = [line.split() for line in (out / "losses.txt").read_text().splitlines()]
+    return {(int(e), int(b)): loss for e, b, _, loss in rows}
+
+
+def _assert_same_run(resumed: Path, straight: Path) -> None:
+    a, b = torch.load(resumed / "final.pt"), torch.load(straight / "final.pt")
+    assert a["global_step"] == b["global_step"] and a["skipped_steps"] == b["skipped_steps"]
+    for x, y in zip(a["params"], b["params"], strict=True):
+        assert torch.equal(x, y), "final parameters differ from the uninterrupted run"
+    for key in ("state", "param_groups"):
+        assert _flat(a["optimizer"][key]) == _flat(b["optimizer"][key]), f"optimizer {key} differs"
+    assert a["scaler"] == b["scaler"]
+    # every micro-batch logged by the killed run and the resumed run has the uninterrupted loss
+    assert _losses(resumed) == _losses(straight)
+
+
+def _flat(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.tolist()
+    if isinstance(tree, dict):
+        return {k: _flat(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_flat(v) for v in tree]
+    return tree
+
+
+CASES = {
+    # name: (script args, where to kill: epoch:batch, processes)
+    "end_of_epoch": (["--steps", "24"], "1:3", 1),  # only epoch-end checkpoints: resumes at epoch 1's start
+    "mid_epoch": (["--steps", "24", "--every", "3"], "1:7", 1),  # resumes after step 15 (epoch 1, batch 5)
+    "after_last_batch": (["--steps", "24", "--every", "5", "--no-epoch-save"], "1:3", 1),  # resumes at (0, 10)
+    "mid_accumulation_window": (["--steps", "10", "--accum", "3", "--every", "2"], "1:1", 1),
+    "after_skipped_fp16_step": (["--steps", "12", "--every", "1", "--fp16-poison", "4"], "0:4", 1),
+    "two_processes": (["--steps", "16", "--every", "3"], "1:2", 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kill9_then_resume_is_bitwise_equal(case, tmp_path, tmp_path_factory):
+    args, pause, nproc = CASES[case]
+    straight, killed = _straight(tmp_path_factory, args, nproc), tmp_path / "killed"
+    proc = _start(killed, [*args, "--pause-at", pause], nproc)
+    _wait_for(killed / "paused", proc)
+    _kill9(proc)
+    assert complete_checkpoints(killed / "checkpoints"), "no checkpoint before the kill"
+    _run(killed, [*args, "--resume"], nproc)
+    _assert_same_run(killed, straight)
+    if case == "after_skipped_fp16_step":
+        assert torch.load(straight / "final.pt")["skipped_steps"] == 1
+    if case == "mid_epoch":  # negative control: forgetting the data position changes the result
+        control = tmp_path / "control"
+        proc = _start(control, [*args, "--pause-at", pause])
+        _wait_for(control / "paused", proc)
+        _kill9(proc)
+        _run(control, [*args, "--resume", "--forget-position"])
+        params = zip(
+            torch.load(control / "final.pt")["params"], torch.load(straight / "final.pt")["params"], strict=True
+        )
+        assert not all(torch.equal(x, y) for x, y in params), "the negative control did not differ"
+
+
+def test_sigterm_mid_epoch_saves_and_the_resume_matches(tmp_path, tmp_path_factory):
+    args = ["--steps", "24"]  # no step checkpoints: only the preemption save is mid-epoch
+    straight, stopped = _straight(tmp_path_factory, args), tmp_path / "stopped"
+    proc = _start(stopped, [*args, "--pause-at", "1:6"])
+    _wait_for(stopped / "paused", proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.output()[-2000:]
+    assert "stopped by SIGTERM after step 17" in proc.output() and "--resume" in proc.output()
+    assert complete_checkpoints(stopped / "checkpoints")[-1].name == "step_0000017"
+    _run(stopped, [*args, "--resume"])
+    _assert_same_run(stopped, straight)
+
+
+def test_kill9_during_saves_20_times_always_resumes(tmp_path, tmp_path_factory):
+    args = ["--big", "--steps", "40", "--every", "1"]
+    straight, run = _straight(tmp_path_factory, args), tmp_path / "run"
+    rng = random.Random(0)
+    hit_a_save = 0
+    for attempt in range(20):
+        proc = _start(run, [*args, *(["--resume"] if attempt else [])])
+        seen = {p.name for p in complete_checkpoints(run / "checkpoints")}
+        # wait until this run has completed a save of its own and started the next one, then kill
+        # at a random moment of the save (saving every step, a save is most of the run time)
+        deadline = time.monotonic() + 120
+        while not (({p.name for p in complete_checkpoints(run / "checkpoints")} - seen) and _saving(run)):
+            assert proc.poll() is None, proc.output()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.05))
+        _kill9(proc)
+        hit_a_save += _saving(run)
+    assert hit_a_save >= 5, f"only {hit_a_save} of 20 kills interrupted a save; the test did not test"
+    _run(run, [*args, "--resume"])  # cleans the leftovers, resumes the newest complete checkpoint, finishes
+    assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("*.old"))
+    _assert_same_run(run, straight)
+
+
+def _saving(run: Path) -> bool:
+    folder = run / "checkpoints"
+    return folder.is_dir() and any(p.suffix in (".tmp", ".old") for p in folder.iterdir())
+
+
+def test_rotation_keeps_last_and_best_across_resumes(tmp_path):
+    from sss import Callback, SSSTrainer
+    from sss.testing import BoringModule, boring_loader
+
+    history = {}  # every checkpoint ever saved: name -> (validated at that step, val/accuracy)
+
+    class History(Callback):
+        def on_validation_end(self, trainer, module):
+            self.validated = trainer.state.global_step
+
+        def on_save_checkpoint(self, trainer, module):
+            s = trainer.state
+            history[Path(s.last_checkpoint).name] = (getattr(self, "validated", -1) == s.global_step, dict(s.metrics))
+
+    def trainer(max_epochs):
+        return SSSTrainer(
+            max_epochs=max_epochs,
+            callbacks=[History()],
+            mixed_precision="no",
+            output_dir=str(tmp_path),
+            log={"progress": False, "trackers": []},
+            optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.3}},
+            checkpoint={"every_n_steps": 3, "keep_last": 2, "keep_best": 1, "monitor": "val/accuracy", "mode": "max"},
+        )
+
+    def expected():
+        ranked = [(m["val/accuracy"], -int(n[5:]), n) for n, (validated, m) in history.items() if validated]
+        return {max(ranked)[2]} | set(sorted(history)[-2:])
+
+    def kept():
+        return {p.name for p in complete_checkpoints(tmp_path / "checkpoints")}
+
+    data = {"train_dataloaders": boring_loader(n=32), "val_dataloaders": boring_loader(n=16, seed=1)}
+    trainer(3).fit(BoringModule(), **data)
+    assert len(history) == 6 and kept() == expected()  # steps 3, 4, 6, 8, 9, 12 (4, 8, 12 validated)
+    second = trainer(6)
+    second.fit(BoringModule(), **data, ckpt_path=complete_checkpoints(tmp_path / "checkpoints")[-1])
+    assert second.state.global_step == 24 and max(kept()) == "step_0000024"
+    assert kept() == expected()
