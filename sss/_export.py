@@ -1,12 +1,14 @@
-"""The portable model folder: export from a module or a checkpoint, and load it back.
+"""The portable model folder: export from a module or a checkpoint, load it back, predict with it.
 
 A model folder holds ``model.safetensors`` (weights, no pickle), ``config.yaml`` (the run's
-config: ``model:`` rebuilds the module) and ``README.md`` (a model card). ``sss fit`` writes one
-to ``OUTPUT_DIR/model``; ``sss export`` writes one from any checkpoint.
+config: ``model:`` rebuilds the module), ``preprocessing.json`` (classes, task, image size,
+sample rate, clip length: how inputs were prepared) and ``README.md`` (a model card). ``sss fit``
+writes one to ``OUTPUT_DIR/model``; ``sss export`` writes one from any checkpoint.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,35 @@ import torch
 
 from sss.config import SSSConfig, instantiate, load_config, to_yaml
 
-__all__ = ["export_checkpoint", "export_model", "load_model"]
+__all__ = ["export_checkpoint", "export_model", "load_model", "predict", "preprocessing"]
 
 WEIGHTS = "model.safetensors"
+PREPROCESSING = "preprocessing.json"
+_SETTINGS = ("image_size", "sample_rate", "clip_seconds", "event_frame_rate")
 
 
-def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], folder: str | Path) -> Path:
-    """Write the portable model folder for `module` (trained with `cfg`) to `folder`.
+def preprocessing(datamodule: Any) -> dict[str, Any]:
+    """How a datamodule prepares inputs (classes, task and decoding settings), for the model folder.
+
+    Example:
+        >>> class DM:
+        ...     classes, task, image_size, sample_rate, clip_seconds = ["a", "b"], "multiclass", 64, 16000, 1.0
+        >>> preprocessing(DM())["classes"]
+        ['a', 'b']
+    """
+    found = {key: getattr(datamodule, key) for key in _SETTINGS if getattr(datamodule, key, None) is not None}
+    classes = getattr(datamodule, "classes", None)
+    return {"classes": list(classes) if classes else None, "task": getattr(datamodule, "task", None) or None, **found}
+
+
+def export_model(
+    module: torch.nn.Module,
+    cfg: SSSConfig,
+    metrics: dict[str, Any],
+    folder: str | Path,
+    datamodule: Any = None,
+) -> Path:
+    """Write the portable model folder for `module` (trained with `cfg`, on `datamodule`) to `folder`.
 
     Example:
         >>> import tempfile
@@ -29,7 +53,7 @@ def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any
         >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.testing.BoringModule"})
         >>> folder = export_model(instantiate(cfg.model), cfg, {"val/accuracy": 0.5}, tempfile.mkdtemp() + "/m")
         >>> sorted(p.name for p in folder.iterdir())
-        ['README.md', 'config.yaml', 'model.safetensors']
+        ['README.md', 'config.yaml', 'model.safetensors', 'preprocessing.json']
     """
     from safetensors.torch import save_file
 
@@ -39,15 +63,19 @@ def export_model(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any
     state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt", "sss_model": type(module).__name__})
     (folder / "config.yaml").write_text(to_yaml(cfg))
-    (folder / "README.md").write_text(_model_card(module, cfg, metrics))
+    prep = preprocessing(datamodule) if datamodule is not None else {"classes": None, "task": None}
+    (folder / PREPROCESSING).write_text(json.dumps(prep, indent=2))
+    (folder / "README.md").write_text(_model_card(module, cfg, metrics, prep))
     return folder
 
 
-def _model_card(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any]) -> str:
+def _model_card(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], prep: dict[str, Any]) -> str:
     params = sum(p.numel() for p in module.parameters())
     rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
-    classes = getattr(module, "classes", None) or getattr(getattr(module, "hparams", None), "classes", None)
-    task = "multi-label" if getattr(module, "multi_label", False) else "single-label classification"
+    classes = prep.get("classes")
+    task = {"multilabel": "multi-label classification", "segmentation": "shadow segmentation"}.get(
+        prep.get("task") or "", "single-label classification"
+    )
     t = cfg.trainer
     return (
         f"# {cfg.name}\n\nA Shadow & Sound Hunter model trained with `sss` ({type(module).__name__}, "
@@ -123,4 +151,68 @@ def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -
     state = {k.removeprefix("module."): v for k, v in load_file(str(checkpoint / WEIGHTS)).items()}
     _load_weights(module, state, checkpoint / WEIGHTS, "Export with the config and overrides it was trained with.")
     meta = json.loads((checkpoint / MARKER).read_text())
-    return export_model(module, cfg, dict(meta.get("metrics", {})), out)
+    datamodule = instantiate(cfg.data) if cfg.data else None
+    if datamodule is not None and hasattr(datamodule, "setup"):
+        datamodule.setup("fit")  # settings such as an inferred clip length are known after setup
+    return export_model(module, cfg, dict(meta.get("metrics", {})), out, datamodule)
+
+
+def predict(
+    model_dir: str | Path, manifest: str | Path, output: str | Path, batch_size: int = 32, device: str = "cpu"
+) -> Path:
+    """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
+
+    `manifest` is a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns,
+    paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
+    model folder's ``preprocessing.json``. Columns: ``row`` (the manifest line), the input paths,
+    ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one
+    ``prob_<class>`` per class.
+    """
+    from torch.utils.data import DataLoader
+
+    from sss.data.manifest import ManifestDataset, collate
+    from sss.trainer.module import _logits
+
+    model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
+    if output.exists():
+        raise FileExistsError(f"{output} already exists; choose another --output or remove it")
+    prep_file = model_dir / PREPROCESSING
+    prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
+    module = load_model(model_dir, device)
+    settings = {key: prep[key] for key in _SETTINGS if key in prep}
+    dataset = ManifestDataset(
+        manifest.parent, manifest.stem, classes=prep.get("classes"), require_label=False, **settings
+    )
+    classes = prep.get("classes") or dataset.classes
+    multilabel = prep.get("task") == "multilabel"
+    rows = []
+    with torch.no_grad():
+        for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate)):
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            logits = _logits(module.predict_step(batch, i))
+            if logits is None:
+                raise RuntimeError(f"{type(module).__name__}.predict_step returned no class logits to write")
+            probs = (logits.sigmoid() if multilabel else logits.softmax(-1)).float().cpu()
+            for index, p in zip(batch["index"].tolist(), probs, strict=True):
+                rows.append((index, p))
+    names = classes or [str(k) for k in range(probs.shape[-1])]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
+        for index, p in rows:
+            top = (
+                ";".join(c for c, q in zip(names, p, strict=True) if q > 0.5) if multilabel else names[int(p.argmax())]
+            )
+            inputs = [_relative(getattr(dataset, key), index, manifest.parent) for key in ("images", "audio")]
+            writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
+    return output
+
+
+def _relative(paths: list[str], index: int, root: Path) -> str:
+    if index >= len(paths) or not paths[index]:
+        return ""
+    try:
+        return str(Path(paths[index]).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(paths[index])

@@ -33,7 +33,7 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume)
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     datamodule = instantiate(cfg.data)
-    module = instantiate(cfg.model)
+    module = instantiate(cfg.model, **_sizes_from_data(cfg.model, datamodule))
     callbacks = [instantiate(spec) for spec in cfg.callbacks]
     trainer = SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg))
     out = trainer.output_dir
@@ -48,7 +48,7 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     results.update(_single_modality_accuracy(trainer, module, datamodule))
     model_dir = out / "model"
     if state.is_main_process:
-        export_model(module, cfg, results, model_dir)
+        export_model(module, cfg, results, model_dir, datamodule)
     results.update(
         wall_seconds=round(time.perf_counter() - wall_start, 2),
         train_samples_per_second=round(trainer.state.samples / max(fit_seconds, 1e-9), 1),
@@ -75,6 +75,15 @@ def _write_config(out: Path, cfg: SSSConfig, ckpt: Path | None) -> None:
         first.write_text(text)
     elif first.read_text() != text:
         (out / f"config_resumed_{ckpt.name}.yaml").write_text(text)
+
+
+def _sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:
+    # examples/manifest.yaml leaves num_classes out: any folder works, and the head matches its classes.
+    # ManifestDataModule knows its classes right after construction (one manifest read).
+    classes = getattr(datamodule, "classes", None)
+    if "num_classes" not in spec and classes:
+        return {"num_classes": len(classes)}
+    return {}
 
 
 def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
@@ -128,7 +137,8 @@ class _ZeroModality:
 
     def __call__(self, samples: list[Any]) -> Any:
         batch = self.collate(samples)
-        batch[self.key] = torch.zeros_like(batch[self.key])
+        if self.key in batch:  # single-modality data (ESC-50, ISTD, ...) has no such key
+            batch[self.key] = torch.zeros_like(batch[self.key])
         return batch
 
 
@@ -138,6 +148,9 @@ def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any)
     if not isinstance(loader, torch.utils.data.DataLoader) or "val/accuracy" not in trainer.state.metrics:
         return {}
     results = {}
+    modalities = getattr(datamodule, "modalities", ("image", "audio"))
+    if len(modalities) < 2:
+        return {}  # one modality: "the other one zeroed" is the plain validation already
     for kept, zeroed in (("image", "audio"), ("audio", "image")):
         ablated = torch.utils.data.DataLoader(
             loader.dataset,

@@ -23,12 +23,30 @@ def fit(config: str, overrides: list[str], resume: str | None = None, num_proces
         return EXIT_CONFIG
     from sss._run import run_fit
     from sss.callbacks.checkpoint import Preempted
+    from sss.data import DataError
 
     try:
         run_fit(cfg, resume=resume)
     except Preempted as stop:
         print(f"sss: {stop}", file=sys.stderr, flush=True)
         return 128 + stop.signum  # the shell's convention for "ended by this signal"
+    except DataError as exc:  # names the manifest, line and file: a traceback adds nothing
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def predict(model_dir: str, input: str, output: str, batch_size: int = 32) -> int:
+    """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest."""
+    from sss._export import predict as run_predict
+    from sss.data import DataError
+
+    try:
+        path = run_predict(model_dir, input, output, batch_size=batch_size)
+    except (FileNotFoundError, FileExistsError, DataError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
     return 0
 
 
@@ -87,6 +105,7 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "check": check,
     "config": config,
     "export": export,
+    "predict": predict,
     "data": data,
 }
 
@@ -168,6 +187,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output folder (must not exist or be empty)")
     p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
     p.add_argument("--ckpt", required=True, help="checkpoint folder, e.g. runs/industrial/checkpoints/step_0000375")
+    p = sub.add_parser("predict", help=predict.__doc__, description=predict.__doc__)
+    p.add_argument("model_dir", help="a model folder (OUTPUT_DIR/model, or one written by sss export)")
+    p.add_argument("--input", required=True, help="manifest CSV/JSONL with image and/or audio columns")
+    p.add_argument("--output", required=True, help="CSV to write (must not exist)")
+    p.add_argument("--batch-size", type=int, default=32)
     p = sub.add_parser("data", help=data.__doc__, description=data.__doc__)
     p.add_argument("action", choices=["make"])
     p.add_argument("kind", choices=["industrial"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -43,9 +44,30 @@ def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
     assert set(results) >= KEYS
     assert Path(results["checkpoint_dir"], "trainer_state.json").is_file()
     model_dir = Path(results["model_dir"])
-    assert {p.name for p in model_dir.iterdir()} == {"model.safetensors", "config.yaml", "README.md"}
+    assert {p.name for p in model_dir.iterdir()} == {
+        "model.safetensors",
+        "config.yaml",
+        "preprocessing.json",
+        "README.md",
+    }
     assert Path("runs/industrial/config.yaml").read_text().count("hunter_tiny") == 1
     assert Path("runs/industrial/logs/metrics.csv").is_file()
+    prep = json.loads((model_dir / "preprocessing.json").read_text())
+    assert prep["classes"] == ["idle", "fault", "passerby", "collision"] and prep["sample_rate"] == 16000
+
+    # sss predict on a fresh manifest (labels dropped): one row per sample, probabilities sum to 1
+    assert main(["data", "make", "industrial", "new", "--n", "10"]) == 0
+    rows = Path("new/val.csv").read_text().splitlines()
+    Path("new/unlabelled.csv").write_text("\n".join(",".join(r.split(",")[:2]) for r in rows) + "\n")
+    assert main(["predict", str(model_dir), "--input", "new/unlabelled.csv", "--output", "preds.csv"]) == 0
+    with Path("preds.csv").open() as f:
+        preds = list(csv.DictReader(f))
+    assert len(preds) == len(rows) - 1 and preds[0]["row"] == "2" and preds[0]["image"].startswith("images/")
+    for row in preds:
+        probs = [float(row[f"prob_{c}"]) for c in prep["classes"]]
+        assert abs(sum(probs) - 1) < 1e-4 and row["prediction"] == prep["classes"][probs.index(max(probs))]
+    assert main(["predict", str(model_dir), "--input", "new/unlabelled.csv", "--output", "preds.csv"]) == 1
+    assert "already exists" in capsys.readouterr().err
 
     # the same command again never writes into the first run's folder
     assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0

@@ -62,7 +62,8 @@ def test_cli_export_and_its_errors(tmp_path, capsys):
         "data:\n  _target_: sss.testing.BoringDataset\n  n: 8\n"
     )
     assert main(["export", str(config), str(tmp_path / "out"), "--ckpt", str(last)]) == 0
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"model.safetensors", "config.yaml", "README.md"}
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert written == {"model.safetensors", "config.yaml", "preprocessing.json", "README.md"}
     assert main(["export", str(config), str(tmp_path / "out"), "--ckpt", str(last)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert main(["export", str(config), str(tmp_path / "o2"), "--ckpt", str(tmp_path)]) == 1

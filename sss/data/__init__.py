@@ -1,4 +1,4 @@
-"""Data: the `DataModule` base class, manifest datasets and the synthetic industrial dataset.
+"""Data: the `DataModule` base class, manifest datasets, public layouts, the feature cache and the synthetic dataset.
 
 Example:
     >>> from sss.data import DataModule
@@ -8,8 +8,19 @@ Example:
 
 from __future__ import annotations
 
+from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
-from sss.data.manifest import ManifestDataModule, ManifestDataset
+from sss.data.layouts import LAYOUTS
+from sss.data.manifest import ManifestDataModule, ManifestDataset, SkipLog
 from sss.data.synthetic import IndustrialDataModule, make_industrial
 
-__all__ = ["DataModule", "IndustrialDataModule", "ManifestDataModule", "ManifestDataset", "make_industrial"]
+__all__ = [
+    "LAYOUTS",
+    "DataError",
+    "DataModule",
+    "IndustrialDataModule",
+    "ManifestDataModule",
+    "ManifestDataset",
+    "SkipLog",
+    "make_industrial",
+]

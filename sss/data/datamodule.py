@@ -66,5 +66,6 @@ class DataModule:
         return None
 
     def predict_dataloader(self) -> DataLoader[Any] | None:
-        """The loader for prediction, or None (the default)."""
-        return None
+        """The loader for prediction: by default the test loader, else the validation loader (None without either)."""
+        loader = self.test_dataloader()  # not `or`: bool() would call len(), which iterable datasets lack
+        return loader if loader is not None else self.val_dataloader()

@@ -92,6 +92,8 @@ class SSSTrainer:
         self.callbacks: list[Callback] = _with_stock_callbacks(list(callbacks), self.config)
         self.state = TrainState()
         self.module: LitModule | None = None
+        self.datamodule: Any = None
+        """The datamodule of the current fit (None when loaders were passed)."""
         self.model: nn.Module | None = None
         """The prepared model (DDP/FSDP wrapper around the module) that the loop calls."""
         self.optimizer: Any = None
@@ -359,6 +361,7 @@ class SSSTrainer:
 
         set_seed(self.config.seed)
         _cache_package_probes()
+        self.datamodule = datamodule
         if datamodule is not None:
             datamodule.setup("fit")
             train = train if train is not None else datamodule.train_dataloader()
@@ -587,6 +590,7 @@ def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list
     from sss.callbacks.checkpoint import ModelCheckpoint
     from sss.callbacks.metrics_logger import MetricsLogger
     from sss.callbacks.progress import ProgressBar
+    from sss.callbacks.skipped import SkippedRows
 
     def missing(kind: type) -> bool:
         return not any(isinstance(c, kind) for c in callbacks)
@@ -596,6 +600,8 @@ def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list
         stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
     if cfg.log.trackers and missing(MetricsLogger):
         stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
+    if missing(SkippedRows):
+        stock.append(SkippedRows())
     ckpt = cfg.checkpoint
     if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
         stock.append(ModelCheckpoint(**dataclasses.asdict(ckpt)))

@@ -77,15 +77,31 @@ def test_exception_event_fires_and_error_is_reraised():
 
 def test_stock_callbacks_come_after_user_callbacks_and_can_be_replaced():
     from sss.callbacks import MetricsLogger, ModelCheckpoint, ProgressBar
+    from sss.callbacks.skipped import SkippedRows
 
     mine = ModelCheckpoint(every_n_steps=5)
     trainer = SSSTrainer(callbacks=[EventRecorder(), mine], mixed_precision="no")
     kinds = [type(c) for c in trainer.callbacks]
-    assert kinds == [EventRecorder, ModelCheckpoint, ProgressBar, MetricsLogger]
+    assert kinds == [EventRecorder, ModelCheckpoint, ProgressBar, MetricsLogger, SkippedRows]
     assert trainer.callbacks[1] is mine
 
 
-@pytest.mark.parametrize("callback_name", ["ProgressBar", "MetricsLogger", "ModelCheckpoint", "EventRecorder"])
+STOCK_AND_HEALTH = [
+    "ProgressBar",
+    "MetricsLogger",
+    "ModelCheckpoint",
+    "EventRecorder",
+    "GradNormMonitor",
+    "OverflowDetector",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "Throughput",
+    "MemoryMonitor",
+    "Plots",
+]  # HubPush needs a Hub server: tests/callbacks/test_hub.py
+
+
+@pytest.mark.parametrize("callback_name", STOCK_AND_HEALTH)
 def test_every_callback_survives_two_fits(callback_name, tmp_path):
     import sss.callbacks
     import sss.testing

@@ -35,7 +35,7 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def test_layout(industrial: Path) -> None:
-    files = {"train.csv", "val.csv", "test.csv", "events.tsv", "classes.txt", "sss-dataset.json"}
+    files = {"train.csv", "val.csv", "test.csv", "events.tsv", "classes.txt", "event_classes.txt", "sss-dataset.json"}
     assert {p.name for p in industrial.iterdir()} == {"images", "audio", "masks"} | files
     assert (industrial / "classes.txt").read_text().split() == list(CLASSES)
     rows = read_csv(industrial / "train.csv")
@@ -164,5 +164,7 @@ def test_datamodule_generates_once_into_the_cache(
     assert len(dm.val_dataloader().dataset) == 4 and len(dm.test_dataloader().dataset) == 4
     again = IndustrialDataModule(**SMALL)
     again.setup("fit")
-    assert again.root == dm.root and capsys.readouterr().out == ""  # reused, silently
+    out = capsys.readouterr().out
+    assert again.root == dm.root and "generated" not in out  # reused, not generated again
+    assert out.startswith("sss: data ") and "4 classes (multiclass), image+audio, mask, events" in out
     assert IndustrialDataModule(**SMALL, seed=1).root != dm.root
