@@ -147,6 +147,20 @@ def _read_names(path: Path) -> list[str]:
     return names
 
 
+class _SeededDraws:
+    """Run a block with the CPU RNG seeded by `seed`, then give the caller's RNG state back untouched."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self._saved = torch.get_rng_state()
+        torch.default_generator.manual_seed(self.seed)  # the CPU generator only: CUDA's is not ours
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_rng_state(self._saved)
+
+
 class ManifestDataset(Dataset[dict[str, Any]]):
     """The rows of one split as dicts of tensors, decoded on access.
 
@@ -179,6 +193,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         allow_outside_root: Accept absolute paths and ``..`` that leave ``root``.
         skip_log: Where skipped rows are recorded (``on_error="skip"``); None: a temporary file.
         require_label: Refuse a manifest without ``label``/``labels`` (False for prediction inputs).
+        seed: Seed of the augmentation: a sample's crops and flips are a function of (seed, epoch, index).
 
     Example:
         >>> import tempfile
@@ -209,6 +224,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         allow_outside_root: bool = False,
         skip_log: str | os.PathLike[str] | None = None,
         require_label: bool = True,
+        seed: int = 0,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
@@ -219,6 +235,9 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             raise FileNotFoundError(f"manifest not found: {self.root / split}.csv (or .jsonl) for layout {layout!r}")
         self.source = found.source
         self.on_error, self.allow_outside_root, self.require_label = on_error, allow_outside_root, require_label
+        self.seed = seed
+        # Shared memory, so that persistent DataLoader workers see the epoch the trainer sets.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.skip_log = SkipLog(skip_log or Path(tempfile.gettempdir()) / f"sss-skipped-{uuid.uuid4().hex}.csv")
         self.classes = classes if classes is not None else _default_classes(self.root, found)
         self.image_size, self.sample_rate, self.clip_seconds = image_size, sample_rate, clip_seconds
@@ -375,8 +394,21 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.lines)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Select the augmentation of `epoch` (the trainer calls this at each epoch start).
+
+        Random crops and flips are drawn from a generator seeded by (seed, epoch, index), not from
+        the process's running RNG: which worker loads a sample, in what order, and whether the
+        run was resumed mid-epoch change nothing (and the model's RNG is left untouched).
+        """
+        self._epoch.fill_(epoch)
+
+    def _rng(self, key: int) -> Any:
+        mixed = (self.seed * 0x9E3779B1 + int(self._epoch) * 0x85EBCA77 + key) % (2**63 - 1)
+        return _SeededDraws(mixed)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
-        with single_thread():
+        with single_thread(), self._rng(index):
             return self._get(index)
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
@@ -387,8 +419,13 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         """
         with single_thread():
             if self.cache is None or self._bad.intersection(indices):
-                return [self._get(index) for index in indices]
-            return self._cached_batch(indices)
+                items = []
+                for index in indices:
+                    with self._rng(index):
+                        items.append(self._get(index))
+                return items
+            with self._rng(hash(tuple(indices)) % (2**31)):
+                return self._cached_batch(indices)
 
     def _cached_batch(self, indices: list[int]) -> list[dict[str, Any]]:
         rows = np.asarray(indices)
@@ -752,6 +789,7 @@ class ManifestDataModule(DataModule):
             on_error=self.on_error,
             allow_outside_root=self.allow_outside_root,
             skip_log=self.skip_log.path,
+            seed=self.seed,
         )
 
     def describe(self, inferred: bool = False) -> str:

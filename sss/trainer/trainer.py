@@ -141,6 +141,8 @@ class SSSTrainer:
         self.model.train()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(state.epoch)  # data order is a function of (seed, epoch): resumable
+        if hasattr(getattr(loader, "dataset", None), "set_epoch"):
+            loader.dataset.set_epoch(state.epoch)  # so is a dataset's augmentation, when it offers that
         start, self._resume_batches = self._resume_batches, 0
         batches = self.accelerator.skip_first_batches(loader, start) if start else loader
         self._fire(Event.EPOCH_START)
