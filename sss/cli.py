@@ -88,14 +88,36 @@ def config(config: str, overrides: list[str]) -> int:
     return 0
 
 
-def data(action: str, kind: str, out: str, n: int = 2000, seed: int = 0) -> int:
+def data(
+    action: str,
+    kind: str,
+    out: str,
+    n: int = 2000,
+    seed: int = 0,
+    n_val: int | None = None,
+    n_test: int | None = None,
+    image_size: int = 64,
+    sample_rate: int = 16000,
+    clip_seconds: float = 1.0,
+) -> int:
     """``sss data make industrial OUT``: write the synthetic industrial dataset (train/val/test) to OUT."""
     if action != "make" or kind != "industrial":
         print("error: the data command knows: sss data make industrial OUT [--n N] [--seed S]", file=sys.stderr)
         return EXIT_CONFIG
     from sss.data import make_industrial
 
-    path = make_industrial(out, n_train=n, n_val=max(1, n // 5), n_test=max(1, n // 5), seed=seed)
+    n_val = max(1, n // 5) if n_val is None else n_val
+    n_test = max(1, n // 5) if n_test is None else n_test
+    path = make_industrial(
+        out,
+        n_train=n,
+        n_val=n_val,
+        n_test=n_test,
+        seed=seed,
+        image_size=image_size,
+        sample_rate=sample_rate,
+        clip_seconds=clip_seconds,
+    )
     print(f"wrote {path}")
     return 0
 
@@ -196,8 +218,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["make"])
     p.add_argument("kind", choices=["industrial"])
     p.add_argument("out", help="output folder")
-    p.add_argument("--n", type=int, default=2000, help="training samples (val and test get n/5 each)")
+    p.add_argument("--n", type=int, default=2000, help="training samples")
+    p.add_argument("--n-val", type=int, default=None, help="validation samples (default n/5)")
+    p.add_argument("--n-test", type=int, default=None, help="test samples (default n/5)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=64, help="image side in pixels")
+    p.add_argument("--sample-rate", type=int, default=16000, help="audio sample rate in Hz")
+    p.add_argument("--clip-seconds", type=float, default=1.0, help="audio clip length")
     return parser
 
 

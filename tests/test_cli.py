@@ -114,3 +114,13 @@ def test_unknown_command_and_bad_config_exit_codes(tmp_path, capsys):
     assert exc.value.code == 2
     assert main(["fit", EXAMPLE, "trainer.max_steps=-1"]) == 2
     assert "trainer.max_steps must be >= 1" in capsys.readouterr().err
+
+
+def test_data_make_sizes_and_settings(tmp_path):
+    out = tmp_path / "d"
+    assert main(["data", "make", "industrial", str(out), "--n", "6", "--n-val", "2", "--n-test", "0"]) == 0
+    assert len((out / "train.csv").read_text().splitlines()) == 7 and not (out / "test.csv").exists()
+    assert main(["data", "make", "industrial", str(tmp_path / "s"), "--n", "2", "--image-size", "32"]) == 0
+    from PIL import Image
+
+    assert Image.open(next((tmp_path / "s" / "images").iterdir())).size == (32, 32)
