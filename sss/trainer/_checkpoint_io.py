@@ -14,13 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 __all__ = [
     "MARKER",
     "check_no_code_on_load",
     "commit_folder",
     "config_differences",
     "config_hash",
+    "get_rng_state",
     "recover_leftovers",
+    "set_rng_state",
 ]
 
 MARKER = "trainer_state.json"
@@ -131,7 +135,6 @@ def check_no_code_on_load(folder: Path) -> None:
         ...
         sss.trainer._checkpoint_io.UnsafeCheckpointError: .../custom_checkpoint_0.pkl would run code when loaded (...
     """
-    import torch
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
     for file in sorted(folder.rglob("*")):
@@ -215,3 +218,26 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def get_rng_state() -> dict[str, Any]:
+    """The process's Python, NumPy, torch CPU and CUDA RNG states (what Accelerate saves per process)."""
+    import random
+
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(saved: dict[str, Any]) -> None:
+    """Restore states taken by `get_rng_state`."""
+    import random
+
+    import numpy as np
+
+    random.setstate(saved["python"])
+    np.random.set_state(saved["numpy"])
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda"])

@@ -148,7 +148,7 @@ class SSSTrainer:
         self._fire(Event.EPOCH_START)
         for batch_idx, batch in enumerate(batches, start=start):
             if self._resume_rng is not None:  # starting the loader mid-epoch drew from the RNG; undo that
-                _set_rng_state(self._resume_rng)
+                ckpt_io.set_rng_state(self._resume_rng)
                 self._resume_rng = None
             state.batch_idx = batch_idx
             self._train_step(batch, batch_idx)
@@ -157,7 +157,7 @@ class SSSTrainer:
         else:
             self._epoch_finished = True
         if self._resume_rng is not None:  # resumed after the epoch's last batch: nothing was left to run
-            _set_rng_state(self._resume_rng)
+            ckpt_io.set_rng_state(self._resume_rng)
             self._resume_rng = None
         last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
         ending = last_epoch or state.should_stop or self._max_steps_reached()
@@ -308,7 +308,7 @@ class SSSTrainer:
         # The uninterrupted run had its epoch's loader running when it saved; a resumed one starts
         # it anew, and DataLoader.__iter__ draws a seed from the global RNG. Mid-epoch, the saved
         # state is restored again at the first batch (PITFALLS §A 9; transformers #39215).
-        self._resume_rng = _get_rng_state() if self._resume_batches else None
+        self._resume_rng = ckpt_io.get_rng_state() if self._resume_batches else None
         state.samples, state.metrics = meta["samples"], dict(meta["metrics"])
         for callback, saved in zip(self.callbacks, meta["callbacks"], strict=False):
             if type(callback).__name__ == saved["class"]:
@@ -467,27 +467,6 @@ def _skip_optimizer_step(accelerator: Accelerator) -> None:
     # off the scale when the gradients held inf/NaN, as they do for a NaN loss).
     if accelerator.scaler is not None:
         accelerator.scaler.update()
-
-
-def _get_rng_state() -> dict[str, Any]:
-    import random
-
-    import numpy as np
-
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def _set_rng_state(saved: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(saved["python"])
-    np.random.set_state(saved["numpy"])
-    torch.set_rng_state(saved["torch"])
-    if saved["cuda"] is not None:
-        torch.cuda.set_rng_state_all(saved["cuda"])
 
 
 def _own_buffer_storage(module: nn.Module) -> None:
