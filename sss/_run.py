@@ -31,9 +31,15 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
     cfg.trainer.output_dir = _output_dir(cfg, resume, state)
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume)
-    set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     datamodule = instantiate(cfg.data)
-    module = instantiate(cfg.model, **_sizes_from_data(cfg.model, datamodule))
+    if hasattr(datamodule, "setup"):
+        datamodule.setup("fit")  # reads (or makes) the data: classes and modalities are known after it
+    set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
+    from_data = _sizes_from_data(cfg.model, datamodule)
+    if from_data and state.is_main_process:
+        print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in from_data.items()))
+    cfg.model = {**cfg.model, **from_data}  # the exported config.yaml must rebuild this very model
+    module = instantiate(cfg.model)
     callbacks = [instantiate(spec) for spec in cfg.callbacks]
     trainer = SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg))
     out = trainer.output_dir
@@ -78,12 +84,19 @@ def _write_config(out: Path, cfg: SSSConfig, ckpt: Path | None) -> None:
 
 
 def _sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:
-    # examples/manifest.yaml leaves num_classes out: any folder works, and the head matches its classes.
-    # ManifestDataModule knows its classes right after construction (one manifest read).
+    # examples/manifest.yaml leaves num_classes out: any folder works, and the head matches its
+    # classes (ManifestDataModule knows them right after construction). For the registry's models,
+    # data with one modality also decides which encoders exist (ESC-50 has no images).
+    sizes: dict[str, Any] = {}
     classes = getattr(datamodule, "classes", None)
     if "num_classes" not in spec and classes:
-        return {"num_classes": len(classes)}
-    return {}
+        sizes["num_classes"] = len(classes)
+    modalities = tuple(getattr(datamodule, "modalities", ()) or ())
+    if spec.get("_target_") == "sss.models.create_model" and "modalities" not in spec and len(modalities) == 1:
+        sizes["modalities"] = list(modalities)
+        if "fusion" not in spec:
+            sizes["fusion"] = "late"  # there is nothing to attend across
+    return sizes
 
 
 def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:

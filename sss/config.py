@@ -105,6 +105,8 @@ class LogConfig:
 
     progress: bool = True
     """Show a progress bar (plain lines when stdout is not a terminal)."""
+    summary: bool = True
+    """With the progress display, print the model summary at fit start: parameters and multiply-adds per branch."""
     every_n_steps: int = 10
     """Log training metrics every N optimizer steps."""
     trackers: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])

@@ -124,3 +124,33 @@ def test_data_make_sizes_and_settings(tmp_path):
     from PIL import Image
 
     assert Image.open(next((tmp_path / "s" / "images").iterdir())).size == (32, 32)
+
+
+@pytest.mark.slow
+def test_manifest_example_trains_on_audio_only_data_and_predicts(tmp_path, capsys):
+    import numpy as np
+    import soundfile as sf
+
+    root = tmp_path / "ESC-50-master"
+    (root / "audio").mkdir(parents=True)
+    rows = ["filename,fold,target,category,esc10,src_file,take"]
+    t = np.arange(8000) / 16000
+    for fold in (1, 2, 3, 4, 5):
+        for target, (category, hz) in enumerate((("dog", 300), ("rooster", 1200), ("rain", 2500))):
+            name = f"{fold}-1000{target}-A-{target}.wav"
+            sf.write(root / "audio" / name, 0.3 * np.sin(2 * np.pi * hz * t), 16000)
+            rows.append(f"{name},{fold},{target},{category},True,1000{target},A")
+    (root / "meta").mkdir()
+    (root / "meta" / "esc50.csv").write_text("\n".join(rows) + "\n")
+    example = str(ROOT / "examples" / "manifest.yaml")
+    overrides = [f"data.root={root}", "data.layout=esc50", "data.num_workers=0", "data.batch_size=4"]
+    overrides += ["model.name=hunter_tiny", "trainer.max_steps=3", "trainer.log.progress=false"]
+    assert main(["fit", example, *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "model.num_classes=3" in out and "model.modalities=['audio']" in out and "model.fusion=late" in out
+    model_dir = Path("runs/manifest/model")
+    assert "audio" in Path(model_dir, "config.yaml").read_text()
+    (root / "new.csv").write_text("audio\naudio/1-10000-A-0.wav\naudio/2-10002-A-2.wav\n")
+    assert main(["predict", str(model_dir), "--input", str(root / "new.csv"), "--output", "p.csv"]) == 0
+    lines = Path("p.csv").read_text().splitlines()
+    assert lines[0] == "row,image,audio,prediction,prob_dog,prob_rooster,prob_rain" and len(lines) == 3

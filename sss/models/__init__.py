@@ -9,21 +9,28 @@ Example:
     ['hunter_base', 'hunter_small', 'hunter_tiny']
 """
 
+from sss.models.audio.ast import AudioSpectrogramTransformer
 from sss.models.audio.cnn import AudioCNN
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
+from sss.models.fusion.bottleneck import BottleneckFusion
 from sss.models.fusion.cross_attention import CrossModalFusion
 from sss.models.fusion.late import LateFusion
+from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
 from sss.models.hunter import HunterModule, hunter_base, hunter_small, hunter_tiny
 from sss.models.image.timm_encoder import TimmImageEncoder
 from sss.models.registry import create_model, list_models, model_class, register_model
 
 __all__ = [
     "AudioCNN",
+    "AudioSpectrogramTransformer",
+    "BottleneckFusion",
     "CrossModalFusion",
+    "EventHead",
     "HunterModule",
     "LateFusion",
     "LogMelFrontend",
+    "MaskHead",
     "TimmImageEncoder",
     "TokenEncoder",
     "create_model",
@@ -33,4 +40,6 @@ __all__ = [
     "list_models",
     "model_class",
     "register_model",
+    "resample_events",
+    "resize_mask",
 ]

@@ -82,3 +82,23 @@ class TokenEncoder(nn.Module):
             True
         """
         self.grad_checkpointing = enabled
+
+    def to_frames(self, tokens: Tensor) -> Tensor:
+        """Tokens (as `encode` returned them, possibly updated by a fusion) to one vector per time step.
+
+        A frame-level head (sound-event detection) reads these. The default is the identity, for
+        encoders whose tokens already are a time sequence (`AudioCNN`); an encoder whose tokens tile
+        time x frequency (`AudioSpectrogramTransformer`) averages the frequency axis away.
+
+        Args:
+            tokens: ``[B, N, output_dim]``.
+
+        Returns:
+            ``[B, T, output_dim]`` in time order.
+
+        Example:
+            >>> import torch
+            >>> TokenEncoder(output_dim=4).to_frames(torch.zeros(2, 7, 4)).shape
+            torch.Size([2, 7, 4])
+        """
+        return tokens

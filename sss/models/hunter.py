@@ -1,64 +1,105 @@
-"""`HunterModule`: the Shadow & Sound Hunter family (timm image encoder, audio CNN, fusion head)."""
+"""`HunterModule`: the Shadow & Sound Hunter family (timm image encoder, audio CNN or AST, fusion, task heads)."""
 
 from __future__ import annotations
 
 import difflib
 import inspect
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sss.models.audio.ast import AudioSpectrogramTransformer
 from sss.models.audio.cnn import AudioCNN
 from sss.models.audio.frontend import LogMelFrontend
+from sss.models.base import TokenEncoder
+from sss.models.fusion.bottleneck import BottleneckFusion
 from sss.models.fusion.cross_attention import CrossModalFusion
 from sss.models.fusion.late import LateFusion
+from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
 from sss.models.image.timm_encoder import TimmImageEncoder
 from sss.models.registry import register_model
 from sss.trainer.module import LitModule
 
-__all__ = ["FUSIONS", "HunterModule", "hunter_base", "hunter_small", "hunter_tiny"]
+__all__ = ["AUDIO_ENCODERS", "FUSIONS", "LOSS_KEYS", "HunterModule", "hunter_base", "hunter_small", "hunter_tiny"]
 
-FUSIONS = ("cross_attention", "late")
+FUSIONS = ("bottleneck", "cross_attention", "late")
 """Names accepted by ``HunterModule(fusion=...)``."""
+
+AUDIO_ENCODERS = ("ast", "cnn")
+"""Names accepted by ``HunterModule(audio_encoder=...)``."""
+
+LOSS_KEYS = ("label", "labels", "events", "mask")
+"""Batch targets `HunterModule.compute_loss` knows, and the keys of ``loss_weights``."""
 
 
 class HunterModule(LitModule):
-    """Image + audio classifier: `TimmImageEncoder`, `AudioCNN` over `LogMelFrontend`, a fusion head.
+    """Image + audio model: `TimmImageEncoder`, an audio encoder over `LogMelFrontend`, a fusion, task heads.
 
-    ``forward(batch)`` (from `LitModule`) encodes ``batch["image"]`` and ``batch["audio"]`` to tokens
-    of width ``dim`` and fuses them into logits ``[B, num_classes]``; either modality may be absent.
-    The loss is cross entropy on ``batch["label"]``. Build it by name with ``create_model("hunter_small")``.
+    ``forward(batch)`` encodes ``batch["image"]`` and ``batch["audio"]`` (either may be absent) to tokens
+    of width ``dim``, fuses them, and returns a dict of outputs:
+
+    - ``"logits"`` ``[B, num_classes]``: clip logits, always (softmax for ``"label"``, sigmoid for ``"labels"``);
+    - ``"events"`` ``[B, T', num_event_classes]``: frame-level sound-event logits, with ``num_event_classes > 0``
+      and audio in the batch (``T'`` = the audio encoder's frames);
+    - ``"mask"`` ``[B, 1, h, w]``: shadow-mask logits, with ``mask_head=True`` and an image in the batch.
+
+    `compute_loss` is a weighted sum over the targets the batch holds (see there). Build it by name
+    with ``create_model("hunter_small")``.
 
     Args:
-        num_classes: Number of classes (logits).
+        num_classes: Number of clip classes (logits).
         image_encoder: timm model name of the image backbone.
         image_pretrained: False, True (download timm's weights) or a local ``.safetensors`` path.
         image_channels_last: Run the image backbone in channels-last memory format (faster on CPU).
         image_kwargs: Extra ``timm.create_model`` arguments, e.g. ``{"channels": [16, 32, 64, 128]}``.
-        dim: Token width shared by both encoders and the fusion head.
-        audio_width: Channels of the first audio conv block (doubled per block).
-        audio_depth: Number of audio conv blocks (each halves time and frequency).
-        audio_stem_stride: Stride of the first audio convolution (2 = cheaper, coarser).
+        image_checkpointing: What gradient checkpointing recomputes on the image side: ``"backbone"``
+            (the whole backbone as one segment, for small CNNs) or ``"stages"`` (timm's per-stage).
+        dim: Token width shared by both encoders, the fusion and the heads.
+        audio_encoder: ``"cnn"`` (`AudioCNN`) or ``"ast"`` (`AudioSpectrogramTransformer`).
+        audio_width: Channels of the first CNN block (doubled per block); the AST's width is ``dim``.
+        audio_depth: CNN blocks (each halves time and frequency), or AST transformer blocks.
+        audio_stem_stride: Stride of the first CNN convolution (2 = cheaper, coarser); CNN only.
+        audio_kwargs: Extra arguments of the audio encoder class, e.g. ``{"patch_stride": [10, 10]}`` for the AST.
         n_mels: Mel bins of the audio front-end.
         sample_rate: Sample rate of ``batch["audio"]`` in Hz.
         freq_mask: Largest SpecAugment frequency mask in mel bins (training only; 0 disables).
         time_mask: Largest SpecAugment time mask in 10 ms frames (training only; 0 disables).
-        fusion: ``"cross_attention"`` (`CrossModalFusion`) or ``"late"`` (`LateFusion`).
-        fusion_depth: Bidirectional cross-attention layers (ignored by ``"late"``).
-        heads: Attention heads of the fusion (must divide ``dim``).
-        mlp_ratio: Hidden width of the fusion MLPs as a multiple of ``dim``.
-        dropout: Dropout in the fusion head.
+        fusion: ``"cross_attention"`` (`CrossModalFusion`), ``"bottleneck"`` (`BottleneckFusion`) or
+            ``"late"`` (`LateFusion`).
+        fusion_depth: Fusion layers (ignored by ``"late"``).
+        heads: Attention heads of the fusion and the AST (must divide ``dim``).
+        mlp_ratio: Hidden width of the fusion and AST MLPs as a multiple of ``dim``.
+        dropout: Dropout in the fusion (and the AST).
+        num_bottlenecks: Shared bottleneck tokens of ``fusion="bottleneck"``.
         label_smoothing: Label smoothing of the cross-entropy loss.
+        num_event_classes: Classes of the frame-level sound-event head; 0 builds no event head.
+        mask_head: Build the shadow-mask head on the image tokens.
+        mask_upsample: Mask pixels per image token along each side.
+        modality_dropout: In training, the probability that a sample loses its image tokens, and
+            (separately, never both) that it loses its audio tokens; the lost tokens are zeroed.
+            At most 0.5; 0 disables. Only applies when both modalities are in the batch.
+        loss_weights: Weights of the task losses by target key (``label``, ``labels``, ``events``,
+            ``mask``); unnamed keys weigh 1.
+        modalities: The encoders to build: ``("image", "audio")``, or one of them for data with one
+            modality (an encoder that never sees data would get no gradient). ``sss fit`` sets it from
+            the datamodule's ``modalities``.
+
+    Raises:
+        ValueError: An unknown fusion or audio encoder name, ``heads`` not dividing ``dim``, an
+            unknown ``loss_weights`` key or a ``modality_dropout`` outside [0, 0.5].
 
     Example:
         >>> import torch
-        >>> model = HunterModule(num_classes=3, image_encoder="test_resnet", dim=16, audio_width=4, heads=2)
-        >>> batch = {"image": torch.randn(2, 3, 32, 32), "audio": torch.randn(2, 1, 8000)}
+        >>> model = HunterModule(num_classes=3, image_encoder="test_resnet", dim=16, audio_width=4, heads=2,
+        ...                      num_event_classes=2, mask_head=True)
+        >>> batch = {"image": torch.randn(2, 3, 64, 64), "audio": torch.randn(2, 1, 8000)}
         >>> batch["label"] = torch.tensor([0, 2])
-        >>> model(batch).shape
-        torch.Size([2, 3])
+        >>> {key: tuple(value.shape) for key, value in model(batch).items()}
+        {'logits': (2, 3), 'events': (2, 7, 2), 'mask': (2, 1, 8, 8)}
         >>> model.training_step(batch, 0).shape
         torch.Size([])
     """
@@ -70,10 +111,13 @@ class HunterModule(LitModule):
         image_pretrained: bool | str | os.PathLike[str] = False,
         image_channels_last: bool = False,
         image_kwargs: dict[str, Any] | None = None,
+        image_checkpointing: str = "backbone",
         dim: int = 128,
+        audio_encoder: str = "cnn",
         audio_width: int = 32,
         audio_depth: int = 3,
         audio_stem_stride: int = 1,
+        audio_kwargs: dict[str, Any] | None = None,
         n_mels: int = 64,
         sample_rate: int = 16000,
         freq_mask: int = 8,
@@ -83,19 +127,49 @@ class HunterModule(LitModule):
         heads: int = 4,
         mlp_ratio: float = 4.0,
         dropout: float = 0.0,
+        num_bottlenecks: int = 4,
         label_smoothing: float = 0.0,
+        num_event_classes: int = 0,
+        mask_head: bool = False,
+        mask_upsample: int = 4,
+        modality_dropout: float = 0.0,
+        loss_weights: Mapping[str, float] | None = None,
+        modalities: Sequence[str] = ("image", "audio"),
     ) -> None:
         super().__init__()
-        if fusion not in FUSIONS:
-            raise ValueError(f"unknown fusion {fusion!r}; choose one of {', '.join(FUSIONS)}")
+        _check_choice("fusion", fusion, FUSIONS)
+        _check_choice("audio_encoder", audio_encoder, AUDIO_ENCODERS)
+        _check_choice("image_checkpointing", image_checkpointing, ("backbone", "stages"))
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)")
+        if not 0.0 <= modality_dropout <= 0.5:
+            raise ValueError(
+                f"modality_dropout={modality_dropout} must be in [0, 0.5]: each modality is dropped with this "
+                "probability and never both at once"
+            )
+        if not set(modalities) or set(modalities) - {"image", "audio"}:
+            raise ValueError(f"modalities={list(modalities)} must be a non-empty subset of ['image', 'audio']")
+        if len(set(modalities)) == 1 and fusion != "late":
+            raise ValueError(
+                f"fusion={fusion!r} fuses two modalities; with modalities={list(modalities)} use model.fusion=late"
+            )
+        unknown = sorted(set(loss_weights or {}) - set(LOSS_KEYS))
+        if unknown:
+            raise ValueError(f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
-        self.image_encoder = TimmImageEncoder(
+        self.modality_dropout = modality_dropout
+        self.loss_weights = {key: 1.0 for key in LOSS_KEYS} | {k: float(v) for k, v in (loss_weights or {}).items()}
+        # Construction order is part of the defaults: the same seed gives the same initial weights
+        # as before the heads existed, because they are built last and only on request.
+        self.modalities = tuple(m for m in ("image", "audio") if m in modalities)
+        self.image_encoder: TokenEncoder | None = TimmImageEncoder(
             image_encoder,
             dim=dim,
             pretrained=image_pretrained,
             channels_last=image_channels_last,
             model_kwargs=dict(image_kwargs or {}),
+            checkpointing=image_checkpointing,
         )
         # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
         frontend = LogMelFrontend(
@@ -107,24 +181,109 @@ class HunterModule(LitModule):
             freq_mask=freq_mask,
             time_mask=time_mask,
         )
-        self.audio_encoder = AudioCNN(
-            dim, width=audio_width, depth=audio_depth, stem_stride=audio_stem_stride, frontend=frontend
-        )
-        self.fusion_head: nn.Module = (
-            CrossModalFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio)
-            if fusion == "cross_attention"
-            else LateFusion(dim, num_classes, dropout=dropout)
-        )
+        self.audio_encoder: TokenEncoder
+        if audio_encoder == "cnn":
+            cnn = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride, **(audio_kwargs or {})}
+            self.audio_encoder = AudioCNN(dim, frontend=frontend, **cnn)
+        else:
+            ast = {"depth": audio_depth, "heads": heads, "mlp_ratio": mlp_ratio, "dropout": dropout}
+            self.audio_encoder = AudioSpectrogramTransformer(dim, frontend=frontend, **{**ast, **(audio_kwargs or {})})
+        # Data with one modality (ESC-50, ISTD, ...): the other encoder would never get a gradient.
+        # Built, then dropped, so the weights of the parts kept do not depend on `modalities`.
+        if "image" not in self.modalities:
+            self.image_encoder = None
+        if "audio" not in self.modalities:
+            self.audio_encoder = None
+        fusions: dict[str, Callable[[], nn.Module]] = {
+            "cross_attention": lambda: CrossModalFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio),
+            "bottleneck": lambda: BottleneckFusion(
+                dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks
+            ),
+            "late": lambda: LateFusion(dim, num_classes, dropout=dropout),
+        }
+        self.fusion_head: nn.Module = fusions[fusion]()
+        if len(self.modalities) == 1:
+            self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
+        self.event_head = EventHead(dim, num_event_classes) if num_event_classes > 0 else None
+        self.mask_head = MaskHead(dim, mask_upsample) if mask_head else None
 
-    def compute_loss(self, outputs: Tensor, batch: dict[str, Any]) -> Tensor:
-        """Mean cross entropy of the logits against ``batch["label"]`` (long ``[B]``).
+    def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """Encode the modalities present, drop some in training, fuse, and run the heads.
 
         Args:
-            outputs: Logits ``[B, num_classes]`` from `forward`.
-            batch: The batch; must hold ``"label"``.
+            batch: Holds ``"image"`` ``[B, 3, H, W]`` and/or ``"audio"`` (waveform ``[B, C, S]`` or log-mel).
 
         Returns:
-            The scalar loss.
+            ``{"logits": ...}`` plus ``"events"`` and ``"mask"`` where those heads exist and their
+            modality is in the batch (see the class docstring for shapes).
+
+        Example:
+            >>> import torch
+            >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2, mask_head=True)
+            >>> sorted(model({"audio": torch.randn(2, 1, 8000)}))  # no image: no mask output
+            ['logits']
+        """
+        image, audio = batch.get("image"), batch.get("audio")
+        if image is None and audio is None:
+            raise ValueError(
+                f"{type(self).__name__} needs batch['image'] and/or batch['audio']; batch has {sorted(batch)}"
+            )
+        image_tokens = self.image_encoder(image) if image is not None and self.image_encoder is not None else None
+        audio_tokens = self.audio_encoder(audio) if audio is not None and self.audio_encoder is not None else None
+        if image_tokens is None and audio_tokens is None:
+            raise ValueError(f"{type(self).__name__} was built for {list(self.modalities)}; batch has {sorted(batch)}")
+        image_tokens, audio_tokens = self.drop_modalities(image_tokens, audio_tokens)
+        image_tokens, audio_tokens = self.fusion_head.fuse(image_tokens, audio_tokens)
+        outputs = {"logits": self.fusion_head.classify(image_tokens, audio_tokens)}
+        if self.event_head is not None and audio_tokens is not None:
+            outputs["events"] = self.event_head(self.audio_encoder.to_frames(audio_tokens))
+        if self.mask_head is not None and image_tokens is not None:
+            outputs["mask"] = self.mask_head(self.image_encoder.to_grid(image_tokens))
+        return outputs
+
+    def drop_modalities(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """Modality dropout: in training, zero a sample's image tokens with probability p, else its audio with p.
+
+        One uniform draw per sample decides: ``u < p`` drops the image, ``p <= u < 2p`` the audio, so
+        a sample never loses both. Zeroed tokens (not None) keep every sample in the batch and every
+        parameter in the graph (DDP needs that), and the encoders' BatchNorm statistics never see a
+        fake input. The draws come from the torch RNG (``torch.manual_seed`` reproduces them). Does
+        nothing in eval mode, with ``modality_dropout=0``, or when a modality is already missing.
+
+        Args:
+            image: Image tokens ``[B, Ni, D]``, or None.
+            audio: Audio tokens ``[B, Na, D]``, or None.
+
+        Returns:
+            ``(image, audio)`` with the dropped samples' tokens zeroed.
+
+        Example:
+            >>> import torch
+            >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2, modality_dropout=0.5)
+            >>> image, audio = model.drop_modalities(torch.ones(1000, 1, 8), torch.ones(1000, 1, 8))
+            >>> bool(((image == 0) & (audio == 0)).any()), 400 < int((image == 0).all(-1).sum()) < 600
+            (False, True)
+        """
+        p = self.modality_dropout
+        if not self.training or p == 0.0 or image is None or audio is None:
+            return image, audio
+        u = torch.rand(image.shape[0], device=image.device)
+        keep_image = (u >= p).to(image.dtype)[:, None, None]
+        keep_audio = ((u < p) | (u >= 2 * p)).to(audio.dtype)[:, None, None]
+        return image * keep_image, audio * keep_audio
+
+    def compute_loss(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
+        """Weighted sum of the task losses whose targets are in the batch (`task_losses`).
+
+        Args:
+            outputs: `forward`'s dict (or bare clip logits).
+            batch: The batch with one or more of ``"label"``, ``"labels"``, ``"events"``, ``"mask"``.
+
+        Returns:
+            The scalar loss ``sum(loss_weights[key] * loss[key])``.
+
+        Raises:
+            KeyError: The batch has no target this model can use.
 
         Example:
             >>> import torch
@@ -132,27 +291,110 @@ class HunterModule(LitModule):
             >>> float(model.compute_loss(torch.zeros(4, 2), {"label": torch.tensor([0, 1, 1, 0])}))  # ln 2
             0.6931...
         """
-        if "label" not in batch:
+        losses = self.task_losses(outputs, batch)
+        if not losses:
             raise KeyError(
-                f"{type(self).__name__}.compute_loss needs batch['label'] (long [B]); batch has {sorted(batch)}"
+                f"{type(self).__name__}.compute_loss needs batch['label'] (long [B]) or batch['labels'] "
+                f"(multi-hot [B, K]), or 'events'/'mask' targets with their heads on; batch has {sorted(batch)}"
             )
-        return F.cross_entropy(outputs, batch["label"], label_smoothing=self.label_smoothing)
+        return sum(self.loss_weights[key] * loss for key, loss in losses.items())  # type: ignore[return-value]
 
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Turn activation checkpointing on or off in both encoders and the fusion head.
+    def task_losses(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> dict[str, Tensor]:
+        """The unweighted loss of each head whose target is in the batch, by target key.
+
+        - ``"label"`` long ``[B]``: cross entropy (with ``label_smoothing``) on the clip logits;
+        - ``"labels"`` multi-hot float ``[B, num_classes]``: binary cross entropy on the clip logits;
+        - ``"events"`` float ``[B, T, K]``: BCE of the event logits against the target resampled to
+          the head's frame count by adaptive max pooling (`resample_events`);
+        - ``"mask"`` float ``[B, 1, H, W]`` in [0, 1]: BCE of the mask logits against the target
+          area-pooled to the head's resolution (`resize_mask`).
+
+        A target without its output (no event/mask head, or its modality missing from the batch)
+        is skipped: a data module may carry targets a given model does not train on.
+
+        Args:
+            outputs: `forward`'s dict (or bare clip logits).
+            batch: The batch.
+
+        Returns:
+            ``{key: scalar loss}`` for the targets used.
+
+        Raises:
+            ValueError: Both ``"label"`` and ``"labels"``, or a target whose shape does not fit its head.
+
+        Example:
+            >>> import torch
+            >>> model = HunterModule(num_classes=2, image_encoder="test_resnet", dim=8, audio_width=4, heads=2)
+            >>> targets = {"labels": torch.ones(2, 2), "mask": torch.ones(2, 1, 8, 8)}  # no mask head: mask unused
+            >>> sorted(model.task_losses(torch.zeros(2, 2), targets))
+            ['labels']
+        """
+        outputs = outputs if isinstance(outputs, dict) else {"logits": outputs}
+        logits = outputs["logits"]
+        losses: dict[str, Tensor] = {}
+        if "label" in batch and "labels" in batch:
+            raise ValueError("batch has both 'label' (single-label) and 'labels' (multi-label) targets; keep one")
+        if "label" in batch:
+            losses["label"] = F.cross_entropy(logits, batch["label"], label_smoothing=self.label_smoothing)
+        if "labels" in batch:
+            target = batch["labels"]
+            if target.shape != logits.shape:
+                raise ValueError(
+                    f"batch['labels'] must be multi-hot [B, {self.num_classes}], got shape {tuple(target.shape)}"
+                )
+            losses["labels"] = F.binary_cross_entropy_with_logits(logits, target.to(logits.dtype))
+        if "events" in batch and "events" in outputs:
+            pred = outputs["events"]
+            target = resample_events(batch["events"], pred.shape[1])
+            if target.shape[-1] != pred.shape[-1]:
+                raise ValueError(
+                    f"batch['events'] has {target.shape[-1]} classes, the event head {pred.shape[-1]} "
+                    "(model.num_event_classes)"
+                )
+            losses["events"] = F.binary_cross_entropy_with_logits(pred, target.to(pred.dtype))
+        if "mask" in batch and "mask" in outputs:
+            pred = outputs["mask"]
+            target = resize_mask(batch["mask"], tuple(pred.shape[-2:]))
+            losses["mask"] = F.binary_cross_entropy_with_logits(pred, target.to(pred.dtype))
+        return losses
+
+    def set_grad_checkpointing(self, enabled: bool = True, branches: Iterable[str] | None = None) -> None:
+        """Turn activation checkpointing on or off per branch: ``image``, ``audio``, ``fusion`` (None = all).
+
+        Where the memory is decides which branch is worth its recompute: on ``hunter_small`` the
+        image backbone's activations are half of a step's and the audio CNN's peak is the front-end's
+        transient FFT buffers, which no checkpointing removes (``benchmarks/memory.py`` measures it).
 
         Args:
             enabled: Turn checkpointing on (True) or off (False).
+            branches: The branches to change; the others keep their setting.
+
+        Raises:
+            ValueError: An unknown branch name.
 
         Example:
             >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2)
-            >>> model.set_grad_checkpointing()
-            >>> model.audio_encoder.grad_checkpointing
-            True
+            >>> model.set_grad_checkpointing(True, branches=["image"])
+            >>> model.image_encoder.grad_checkpointing, model.audio_encoder.grad_checkpointing
+            (True, False)
         """
-        for part in (self.image_encoder, self.audio_encoder, self.fusion_head):
-            if hasattr(part, "set_grad_checkpointing"):
-                part.set_grad_checkpointing(enabled)
+        parts = {"image": self.image_encoder, "audio": self.audio_encoder, "fusion": self.fusion_head}
+        chosen = list(parts) if branches is None else list(branches)
+        unknown = sorted(set(chosen) - set(parts))
+        if unknown:
+            raise ValueError(f"unknown branch(es) {unknown}; choose from image, audio, fusion")
+        for name in chosen:
+            if parts[name] is not None and hasattr(parts[name], "set_grad_checkpointing"):
+                parts[name].set_grad_checkpointing(enabled)
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown {key.replace('_', ' ')} {value!r}{hint}; choose one of {', '.join(choices)} (model.{key})"
+        )
 
 
 def _create(variant: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> HunterModule:
@@ -192,6 +434,9 @@ def hunter_small(**overrides: Any) -> HunterModule:
 
 @register_model
 def hunter_base(**overrides: Any) -> HunterModule:
-    """GPU scale: resnet50 image side, 256-d tokens, a 4-block 64-wide audio CNN, two fusion layers."""
-    defaults = {"image_encoder": "resnet50", "dim": 256, "audio_width": 64, "audio_depth": 4, "fusion_depth": 2}
-    return _create("hunter_base", {**defaults, "heads": 8, "dropout": 0.1}, overrides)
+    """GPU scale: resnet50 image side, 256-d tokens, a 4-block AST over 64 mels, two fusion layers."""
+    image = {"image_encoder": "resnet50", "image_checkpointing": "stages", "dim": 256, "heads": 8}
+    fusion = {"fusion_depth": 2, "dropout": 0.1}
+    # 64 mels, not AST's 128: the 25 ms / 400-point FFT leaves some of 128 mel filters empty below 8 kHz.
+    audio = {"audio_encoder": "ast", "audio_depth": 4, "audio_width": 64}  # width: for a model.audio_encoder=cnn
+    return _create("hunter_base", {**image, **fusion, **audio}, overrides)

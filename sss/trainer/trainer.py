@@ -570,6 +570,7 @@ def _build_accelerator(cfg: TrainerConfig) -> Accelerator:
 def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
     from sss.callbacks.checkpoint import ModelCheckpoint
     from sss.callbacks.metrics_logger import MetricsLogger
+    from sss.callbacks.model_summary import ModelSummary
     from sss.callbacks.progress import ProgressBar
     from sss.callbacks.skipped import SkippedRows
 
@@ -577,6 +578,8 @@ def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list
         return not any(isinstance(c, kind) for c in callbacks)
 
     stock: list[Callback] = []
+    if cfg.log.summary and cfg.log.progress and missing(ModelSummary):  # part of the console display
+        stock.append(ModelSummary())
     if cfg.log.progress and missing(ProgressBar):
         stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
     if cfg.log.trackers and missing(MetricsLogger):

@@ -77,12 +77,13 @@ def test_exception_event_fires_and_error_is_reraised():
 
 def test_stock_callbacks_come_after_user_callbacks_and_can_be_replaced():
     from sss.callbacks import MetricsLogger, ModelCheckpoint, ProgressBar
+    from sss.callbacks.model_summary import ModelSummary
     from sss.callbacks.skipped import SkippedRows
 
     mine = ModelCheckpoint(every_n_steps=5)
     trainer = SSSTrainer(callbacks=[EventRecorder(), mine], mixed_precision="no")
     kinds = [type(c) for c in trainer.callbacks]
-    assert kinds == [EventRecorder, ModelCheckpoint, ProgressBar, MetricsLogger, SkippedRows]
+    assert kinds == [EventRecorder, ModelCheckpoint, ModelSummary, ProgressBar, MetricsLogger, SkippedRows]
     assert trainer.callbacks[1] is mine
 
 
@@ -98,6 +99,8 @@ STOCK_AND_HEALTH = [
     "Throughput",
     "MemoryMonitor",
     "Plots",
+    "ModelSummary",
+    "SkippedRows",
 ]  # HubPush needs a Hub server: tests/callbacks/test_hub.py
 
 

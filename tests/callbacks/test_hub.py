@@ -144,7 +144,7 @@ def test_under_sss_fit_the_full_model_folder_is_pushed(hub, tmp_path):
     (tmp_path / "run" / "config.yaml").write_text(to_yaml(cfg))
     _trainer(tmp_path, [HubPush(REPO, endpoint=hub.url)]).fit(BoringModule(), train_dataloaders=boring_loader())
     files = hub.commits[0]["files"]
-    assert sorted(files) == ["README.md", "config.yaml", "model.safetensors"]
+    assert sorted(files) == ["README.md", "config.yaml", "model.safetensors", "preprocessing.json"]
     assert "_target_: sss.testing.BoringModule" in files["config.yaml"].decode() and b"# boring" in files["README.md"]
 
 

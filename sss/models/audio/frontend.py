@@ -111,5 +111,9 @@ class LogMelFrontend(nn.Module):
         # cuFFT in half precision only takes power-of-two sizes.
         with torch.autocast(device_type=audio.device.type, enabled=False):
             spec = self.stft(audio.float())
-            power = spec.real.square() + spec.imag.square()
+            # In place: the complex spectrogram is the largest tensor of a forward pass, and one fewer
+            # buffer of its size cuts the front-end's transient memory by a fifth (same values bitwise).
+            power = spec.real.square()
+            power += spec.imag.square()
+            del spec
             return self.to_db(self.mel_scale(power)).unsqueeze(1)

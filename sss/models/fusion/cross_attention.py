@@ -143,6 +143,26 @@ class CrossModalFusion(nn.Module):
             >>> CrossModalFusion(dim=8, heads=2, num_classes=2)(None, torch.randn(3, 5, 8)).shape
             torch.Size([3, 2])
         """
+        return self.classify(*self.fuse(image, audio))
+
+    def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The token streams after the cross-attention layers (same shapes; a None stream stays None).
+
+        Frame- and pixel-level heads read these, so they see what the other modality contributed.
+
+        Args:
+            image: Image tokens ``[B, Ni, dim]``, or None.
+            audio: Audio tokens ``[B, Na, dim]``, or None.
+
+        Returns:
+            ``(image, audio)`` updated.
+
+        Example:
+            >>> import torch
+            >>> image, audio = CrossModalFusion(dim=8, heads=2).fuse(torch.randn(2, 4, 8), None)
+            >>> image.shape, audio
+            (torch.Size([2, 4, 8]), None)
+        """
         check_tokens(image, audio, self.dim)
         if image is not None and audio is not None:
             for layer in self.layers:
@@ -150,6 +170,23 @@ class CrossModalFusion(nn.Module):
                     image, audio = checkpoint(layer, image, audio, use_reentrant=False)
                 else:
                     image, audio = layer(image, audio)
+        return image, audio
+
+    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Clip logits ``[B, num_classes]`` from (fused) token streams: pool, normalise, concatenate, Linear.
+
+        Args:
+            image: Image tokens, or None.
+            audio: Audio tokens, or None.
+
+        Returns:
+            Class logits.
+
+        Example:
+            >>> import torch
+            >>> CrossModalFusion(dim=8, heads=2, num_classes=5).classify(None, torch.randn(2, 3, 8)).shape
+            torch.Size([2, 5])
+        """
         return self.head(self.head_drop(pool_streams(image, audio, self.norms)))
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:

@@ -48,6 +48,19 @@ class LateFusion(nn.Module):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
 
+    def drop_stream(self, index: int) -> None:
+        """Remove the norm of stream `index` (0 image, 1 audio) for data that never has that stream.
+
+        Its parameters would never get a gradient (an error in the trainer, and under DDP).
+
+        Example:
+            >>> fusion = LateFusion(dim=8)
+            >>> fusion.drop_stream(0)
+            >>> sum(p.numel() for p in fusion.norms.parameters())  # the audio norm's weight and bias
+            16
+        """
+        self.norms[index] = nn.Identity()
+
     def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
         """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
 
@@ -63,5 +76,40 @@ class LateFusion(nn.Module):
             >>> LateFusion(dim=8, num_classes=2)(torch.randn(3, 4, 8), None).shape
             torch.Size([3, 2])
         """
+        return self.classify(*self.fuse(image, audio))
+
+    def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """Late fusion leaves the token streams as they are (checked, then returned unchanged).
+
+        Args:
+            image: Image tokens ``[B, Ni, dim]``, or None.
+            audio: Audio tokens ``[B, Na, dim]``, or None.
+
+        Returns:
+            ``(image, audio)``, the same tensors.
+
+        Example:
+            >>> import torch
+            >>> audio = torch.randn(2, 3, 8)
+            >>> LateFusion(dim=8).fuse(None, audio)[1] is audio
+            True
+        """
         check_tokens(image, audio, self.dim)
+        return image, audio
+
+    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Clip logits ``[B, num_classes]``: pool and normalise each stream, concatenate, MLP.
+
+        Args:
+            image: Image tokens, or None.
+            audio: Audio tokens, or None.
+
+        Returns:
+            Class logits.
+
+        Example:
+            >>> import torch
+            >>> LateFusion(dim=8, num_classes=2).classify(torch.randn(3, 4, 8), None).shape
+            torch.Size([3, 2])
+        """
         return self.head(pool_streams(image, audio, self.norms))

@@ -10,6 +10,7 @@ from typing import Any
 import timm
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from sss.models.base import TokenEncoder
 
@@ -32,6 +33,12 @@ class TimmImageEncoder(TokenEncoder):
             small CNNs on CPU with oneDNN, and for AMP on GPU).
         model_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"channels":
             [16, 32, 64, 128], "stem_width": 16}`` for a narrow ResNet, ``{"drop_path_rate": 0.1}``).
+        checkpointing: What `set_grad_checkpointing` recomputes. ``"backbone"``: the whole
+            ``forward_features`` as one segment (only the image is kept; one extra forward in
+            backward). Small CNNs keep most of their activations in the stem, which timm's own
+            checkpointing leaves out, so this is the one that saves memory for them. ``"stages"``:
+            timm's per-stage checkpointing; for deep backbones at high resolution, where recomputing
+            the whole backbone at once would hold all its activations again.
 
     Raises:
         ValueError: Unknown timm model name.
@@ -55,16 +62,24 @@ class TimmImageEncoder(TokenEncoder):
         pretrained: bool | str | os.PathLike[str] = False,
         channels_last: bool = False,
         model_kwargs: dict[str, Any] | None = None,
+        checkpointing: str = "backbone",
     ) -> None:
+        if checkpointing not in ("backbone", "stages"):
+            raise ValueError(f"checkpointing must be 'backbone' or 'stages', got {checkpointing!r}")
         model = _create_timm(name, pretrained, {"num_classes": 0, "global_pool": "", **(model_kwargs or {})})
         width = int(model.num_features)
         super().__init__(output_dim=dim if dim is not None else width)
         self.name = name
         self.channels_last = channels_last
+        self.checkpointing = checkpointing
         # Some timm families (e.g. Swin) return NHWC maps; everything else is NCHW.
         self._nhwc = getattr(model, "output_fmt", "NCHW") == "NHWC"
         self.model = model.to(memory_format=torch.channels_last) if channels_last else model
         self.proj: nn.Module = nn.Linear(width, dim) if dim is not None else nn.Identity()
+        # ViTs put CLS/register tokens first; `to_grid` drops them to lay the patches out again.
+        self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 0))
+        self.grid: tuple[int, int] | None = None
+        """The ``(h, w)`` token grid of the last `encode` call (it depends on the image size)."""
         if isinstance(self.proj, nn.Linear):
             nn.init.xavier_uniform_(self.proj.weight)
             nn.init.zeros_(self.proj.bias)
@@ -85,27 +100,71 @@ class TimmImageEncoder(TokenEncoder):
         """
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        feats = self.model.forward_features(x)
+        if self.grad_checkpointing and self.checkpointing == "backbone" and torch.is_grad_enabled():
+            feats = checkpoint(self.model.forward_features, x, use_reentrant=False)
+        else:
+            feats = self.model.forward_features(x)
         if feats.ndim == 4:
+            self.grid = tuple(feats.shape[1:3]) if self._nhwc else tuple(feats.shape[2:4])
             feats = feats.flatten(1, 2) if self._nhwc else feats.flatten(2).transpose(1, 2)
-        elif feats.ndim != 3:
+        elif feats.ndim == 3:
+            self.grid = self._patch_grid(x.shape[-2:], feats.shape[1] - self.num_prefix_tokens)
+        else:
             raise RuntimeError(f"timm model {self.name!r} returned features of shape {tuple(feats.shape)}")
         return self.proj(feats)
 
+    def to_grid(self, tokens: Tensor) -> Tensor:
+        """Tokens of the last `encode` call (possibly updated by a fusion) as a map ``[B, D, h, w]``.
+
+        A pixel-level head (the shadow mask) reads this. Prefix tokens (a ViT's CLS) are dropped.
+
+        Args:
+            tokens: ``[B, N, D]`` in `encode`'s layout.
+
+        Returns:
+            ``[B, D, h, w]``.
+
+        Raises:
+            RuntimeError: No grid is known (`encode` not called yet, or patches that do not tile a grid).
+
+        Example:
+            >>> import torch
+            >>> enc = TimmImageEncoder("test_vit", dim=8)
+            >>> enc.to_grid(enc(torch.randn(2, 3, 64, 96))).shape  # 4 x 6 patches of 16 px, CLS dropped
+            torch.Size([2, 8, 4, 6])
+        """
+        if self.grid is None:
+            raise RuntimeError(f"{self.name}: no token grid known; call encode() first (or the tokens do not tile)")
+        patches = tokens[:, self.num_prefix_tokens :]
+        if patches.shape[1] != self.grid[0] * self.grid[1]:
+            raise RuntimeError(f"{patches.shape[1]} tokens do not fit the last encoded grid {self.grid}")
+        return patches.transpose(1, 2).unflatten(2, self.grid)
+
+    def _patch_grid(self, image_hw: torch.Size, patches: int) -> tuple[int, int] | None:
+        embed = getattr(self.model, "patch_embed", None)
+        size = getattr(embed, "patch_size", None)
+        if size is not None:
+            # timm's PatchEmbed (static or dynamic size) floors H / patch and W / patch.
+            hw = (image_hw[0] // size[0], image_hw[1] // size[1])
+            if hw[0] * hw[1] == patches:
+                return hw
+        side = round(patches**0.5)
+        return (side, side) if side * side == patches else None
+
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Turn timm's own activation checkpointing of the backbone stages on or off.
+        """Turn activation checkpointing of the backbone on or off (as chosen by ``checkpointing``).
 
         Args:
             enabled: Turn checkpointing on (True) or off (False).
 
         Example:
-            >>> encoder = TimmImageEncoder("test_resnet", dim=8)
+            >>> encoder = TimmImageEncoder("test_resnet", dim=8, checkpointing="stages")
             >>> encoder.set_grad_checkpointing()
-            >>> encoder.model.grad_checkpointing
+            >>> encoder.model.grad_checkpointing  # timm's own, per stage
             True
         """
         super().set_grad_checkpointing(enabled)
-        self.model.set_grad_checkpointing(enabled)
+        self.model.set_grad_checkpointing(enabled and self.checkpointing == "stages")
 
 
 def _create_timm(name: str, pretrained: bool | str | os.PathLike[str], kwargs: dict[str, Any]) -> nn.Module:
