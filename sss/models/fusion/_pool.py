@@ -1,4 +1,4 @@
-"""Pooling shared by the fusion heads: one vector per modality, zeros for a missing one."""
+"""What the fusion heads share: token checks, pooling (zeros for a missing modality) and the `FusionHead` base."""
 
 from __future__ import annotations
 
@@ -33,3 +33,59 @@ def pool_streams(image: Tensor | None, audio: Tensor | None, norms: nn.ModuleLis
         for norm, tokens in zip(norms, (image, audio), strict=True)
     ]
     return torch.cat(halves, dim=-1)
+
+
+class FusionHead(nn.Module):
+    """Base of the fusion heads: ``forward(image, audio) = classify(*fuse(image, audio))``.
+
+    A subclass sets ``dim``, ``norms`` (one LayerNorm per stream), ``head`` and defines `fuse`; the
+    default `classify` pools each stream, normalises, concatenates and applies ``head_drop`` then
+    ``head``. Frame- and pixel-level heads read `fuse`'s streams, clip heads `classify`'s logits.
+    """
+
+    head_drop: nn.Module = nn.Identity()
+    grad_checkpointing: bool = False
+
+    def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The token streams after fusion (same shapes; a None stream stays None)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement fuse(image, audio)")
+
+    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
+
+        Args:
+            image: Image tokens, or None when the batch has no image.
+            audio: Audio tokens, or None when the batch has no audio.
+
+        Returns:
+            Class logits.
+        """
+        return self.classify(*self.fuse(image, audio))
+
+    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+        """Clip logits ``[B, num_classes]`` from (fused) token streams: pool, normalise, concatenate, head.
+
+        Args:
+            image: Image tokens, or None.
+            audio: Audio tokens, or None.
+
+        Returns:
+            Class logits.
+        """
+        return self.head(self.head_drop(pool_streams(image, audio, self.norms)))
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each fusion layer's activations in backward instead of storing them.
+
+        Args:
+            enabled: Turn checkpointing on (True) or off (False).
+        """
+        self.grad_checkpointing = enabled
+
+
+def init_linear(module: nn.Module) -> None:
+    """Init for ``module.apply``: small truncated-normal Linear weights (ViT) keep residual streams near identity."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

@@ -7,7 +7,7 @@ from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import check_tokens, pool_streams
+from sss.models.fusion._pool import FusionHead, check_tokens, init_linear
 
 __all__ = ["BottleneckFusion", "BottleneckLayer"]
 
@@ -61,7 +61,7 @@ class BottleneckLayer(nn.Module):
         return (*out, torch.stack(copies).mean(dim=0))
 
 
-class BottleneckFusion(nn.Module):
+class BottleneckFusion(FusionHead):
     """MBT attention-bottleneck fusion, then mean pooling of each stream and a linear head.
 
     ``num_bottlenecks`` learned tokens are shared by the modalities; in each of ``depth`` layers
@@ -116,25 +116,8 @@ class BottleneckFusion(nn.Module):
         self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
         self.head_drop = nn.Dropout(dropout)
         self.head = nn.Linear(2 * dim, num_classes)
-        self.apply(_init_weights)
+        self.apply(init_linear)
         nn.init.trunc_normal_(self.bottleneck, std=0.02)
-
-    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
-
-        Args:
-            image: Image tokens, or None when the batch has no image.
-            audio: Audio tokens, or None when the batch has no audio.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> BottleneckFusion(dim=8, heads=2, num_classes=2)(torch.randn(3, 4, 8), None).shape
-            torch.Size([3, 2])
-        """
-        return self.classify(*self.fuse(image, audio))
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after the bottleneck layers (same shapes; a None stream stays None).
@@ -166,42 +149,3 @@ class BottleneckFusion(nn.Module):
         # broadcast its mean back to every token of each stream, a parameter-free residual read-out.
         summary = shared.mean(dim=1, keepdim=True)
         return (image + summary if image is not None else None), (audio + summary if audio is not None else None)
-
-    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Clip logits ``[B, num_classes]`` from (fused) token streams: pool, normalise, concatenate, Linear.
-
-        Args:
-            image: Image tokens, or None.
-            audio: Audio tokens, or None.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> BottleneckFusion(dim=8, heads=2, num_classes=5).classify(None, torch.randn(2, 3, 8)).shape
-            torch.Size([2, 5])
-        """
-        return self.head(self.head_drop(pool_streams(image, audio, self.norms)))
-
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each fused layer's activations in backward instead of storing them.
-
-        Args:
-            enabled: Turn checkpointing on (True) or off (False).
-
-        Example:
-            >>> fusion = BottleneckFusion(dim=8, heads=2)
-            >>> fusion.set_grad_checkpointing()
-            >>> fusion.grad_checkpointing
-            True
-        """
-        self.grad_checkpointing = enabled
-
-
-def _init_weights(module: nn.Module) -> None:
-    # Same init as CrossModalFusion, so a comparison of the two measures the architecture, not the init.
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)

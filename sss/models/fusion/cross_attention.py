@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import check_tokens, pool_streams
+from sss.models.fusion._pool import FusionHead, check_tokens, init_linear
 
 __all__ = ["CrossAttentionBlock", "CrossModalFusion", "CrossModalLayer"]
 
@@ -83,7 +83,7 @@ class CrossModalLayer(nn.Module):
         return self.image_block(image, audio), self.audio_block(audio, image)
 
 
-class CrossModalFusion(nn.Module):
+class CrossModalFusion(FusionHead):
     """Bidirectional cross-modal attention, then mean pooling of each stream and a linear head.
 
     ``depth`` layers each let image tokens attend to audio tokens and audio tokens attend to image
@@ -126,24 +126,7 @@ class CrossModalFusion(nn.Module):
         self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
         self.head_drop = nn.Dropout(dropout)
         self.head = nn.Linear(2 * dim, num_classes)
-        self.apply(_init_weights)
-
-    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
-
-        Args:
-            image: Image tokens, or None when the batch has no image.
-            audio: Audio tokens, or None when the batch has no audio.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> CrossModalFusion(dim=8, heads=2, num_classes=2)(None, torch.randn(3, 5, 8)).shape
-            torch.Size([3, 2])
-        """
-        return self.classify(*self.fuse(image, audio))
+        self.apply(init_linear)
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after the cross-attention layers (same shapes; a None stream stays None).
@@ -171,41 +154,3 @@ class CrossModalFusion(nn.Module):
                 else:
                     image, audio = layer(image, audio)
         return image, audio
-
-    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Clip logits ``[B, num_classes]`` from (fused) token streams: pool, normalise, concatenate, Linear.
-
-        Args:
-            image: Image tokens, or None.
-            audio: Audio tokens, or None.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> CrossModalFusion(dim=8, heads=2, num_classes=5).classify(None, torch.randn(2, 3, 8)).shape
-            torch.Size([2, 5])
-        """
-        return self.head(self.head_drop(pool_streams(image, audio, self.norms)))
-
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each fusion layer's activations in backward instead of storing them.
-
-        Args:
-            enabled: Turn checkpointing on (True) or off (False).
-
-        Example:
-            >>> fusion = CrossModalFusion(dim=8, heads=2)
-            >>> fusion.set_grad_checkpointing()
-            >>> fusion.grad_checkpointing
-            True
-        """
-        self.grad_checkpointing = enabled
-
-
-def _init_weights(module: nn.Module) -> None:
-    # ViT-style: small truncated-normal weights keep the residual streams near identity at init.
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        nn.init.zeros_(module.bias)

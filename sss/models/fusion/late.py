@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from sss.models.fusion._pool import check_tokens, pool_streams
+from sss.models.fusion._pool import FusionHead, check_tokens
 
 __all__ = ["LateFusion"]
 
 
-class LateFusion(nn.Module):
+class LateFusion(FusionHead):
     """Pool each modality's tokens, concatenate, classify with a two-layer MLP.
 
     No token of one modality ever sees the other; the only interaction is in the MLP head.
@@ -61,23 +61,6 @@ class LateFusion(nn.Module):
         """
         self.norms[index] = nn.Identity()
 
-    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
-
-        Args:
-            image: Image tokens, or None when the batch has no image.
-            audio: Audio tokens, or None when the batch has no audio.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> LateFusion(dim=8, num_classes=2)(torch.randn(3, 4, 8), None).shape
-            torch.Size([3, 2])
-        """
-        return self.classify(*self.fuse(image, audio))
-
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """Late fusion leaves the token streams as they are (checked, then returned unchanged).
 
@@ -96,20 +79,3 @@ class LateFusion(nn.Module):
         """
         check_tokens(image, audio, self.dim)
         return image, audio
-
-    def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
-        """Clip logits ``[B, num_classes]``: pool and normalise each stream, concatenate, MLP.
-
-        Args:
-            image: Image tokens, or None.
-            audio: Audio tokens, or None.
-
-        Returns:
-            Class logits.
-
-        Example:
-            >>> import torch
-            >>> LateFusion(dim=8, num_classes=2).classify(torch.randn(3, 4, 8), None).shape
-            torch.Size([3, 2])
-        """
-        return self.head(pool_streams(image, audio, self.norms))
