@@ -205,27 +205,33 @@ def test_sigterm_mid_epoch_saves_and_the_resume_matches(tmp_path, tmp_path_facto
 
 
 def test_kill9_during_saves_20_times_always_resumes(tmp_path, tmp_path_factory):
-    args = ["--big", "--steps", "40", "--every", "1"]
+    # 200 steps, saving after every one: 20 rounds never reach the end of training
+    args = ["--big", "--steps", "200", "--every", "1"]
     straight, run = _straight(tmp_path_factory, args), tmp_path / "run"
     rng = random.Random(0)
     hit_a_save = 0
     for attempt in range(20):
+        before = _newest(run)
         proc = _start(run, [*args, *(["--resume"] if attempt else [])])
-        seen = {p.name for p in complete_checkpoints(run / "checkpoints")}
-        # wait until this run has completed a save of its own and started the next one, then kill
-        # at a random moment of the save (saving every step, a save is most of the run time)
+        # wait until this run has completed a save of its own (so it cleaned the last round's
+        # leftovers) and is writing the next one, then kill at a random moment around it
         deadline = time.monotonic() + 120
-        while not (({p.name for p in complete_checkpoints(run / "checkpoints")} - seen) and _saving(run)):
+        while not (_newest(run) > before and _saving(run)):
             assert proc.poll() is None, proc.output()[-3000:]
             assert time.monotonic() < deadline
             time.sleep(0.002)
         time.sleep(rng.uniform(0, 0.05))
         _kill9(proc)
-        hit_a_save += _saving(run)
+        hit_a_save += _saving(run)  # an unfinished save of this round was left behind
     assert hit_a_save >= 5, f"only {hit_a_save} of 20 kills interrupted a save; the test did not test"
     _run(run, [*args, "--resume"])  # cleans the leftovers, resumes the newest complete checkpoint, finishes
     assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("*.old"))
     _assert_same_run(run, straight)
+
+
+def _newest(run: Path) -> int:
+    found = complete_checkpoints(run / "checkpoints")
+    return int(found[-1].name.removeprefix("step_")) if found else -1
 
 
 def _saving(run: Path) -> bool:
