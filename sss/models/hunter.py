@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -137,25 +137,8 @@ class HunterModule(LitModule):
         modalities: Sequence[str] = ("image", "audio"),
     ) -> None:
         super().__init__()
-        _check_choice("fusion", fusion, FUSIONS)
-        _check_choice("audio_encoder", audio_encoder, AUDIO_ENCODERS)
-        _check_choice("image_checkpointing", image_checkpointing, ("backbone", "stages"))
-        if dim % heads:
-            raise ValueError(f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)")
-        if not 0.0 <= modality_dropout <= 0.5:
-            raise ValueError(
-                f"modality_dropout={modality_dropout} must be in [0, 0.5]: each modality is dropped with this "
-                "probability and never both at once"
-            )
-        if not set(modalities) or set(modalities) - {"image", "audio"}:
-            raise ValueError(f"modalities={list(modalities)} must be a non-empty subset of ['image', 'audio']")
-        if len(set(modalities)) == 1 and fusion != "late":
-            raise ValueError(
-                f"fusion={fusion!r} fuses two modalities; with modalities={list(modalities)} use model.fusion=late"
-            )
-        unknown = sorted(set(loss_weights or {}) - set(LOSS_KEYS))
-        if unknown:
-            raise ValueError(f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
+        checked = (fusion, audio_encoder, image_checkpointing, dim, heads, modality_dropout, modalities, loss_weights)
+        _check_settings(*checked)
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
         self.modality_dropout = modality_dropout
@@ -181,10 +164,9 @@ class HunterModule(LitModule):
             freq_mask=freq_mask,
             time_mask=time_mask,
         )
-        self.audio_encoder: TokenEncoder
         if audio_encoder == "cnn":
-            cnn = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride, **(audio_kwargs or {})}
-            self.audio_encoder = AudioCNN(dim, frontend=frontend, **cnn)
+            cnn = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride}
+            self.audio_encoder: TokenEncoder | None = AudioCNN(dim, frontend=frontend, **cnn, **(audio_kwargs or {}))
         else:
             ast = {"depth": audio_depth, "heads": heads, "mlp_ratio": mlp_ratio, "dropout": dropout}
             self.audio_encoder = AudioSpectrogramTransformer(dim, frontend=frontend, **{**ast, **(audio_kwargs or {})})
@@ -194,14 +176,13 @@ class HunterModule(LitModule):
             self.image_encoder = None
         if "audio" not in self.modalities:
             self.audio_encoder = None
-        fusions: dict[str, Callable[[], nn.Module]] = {
-            "cross_attention": lambda: CrossModalFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio),
-            "bottleneck": lambda: BottleneckFusion(
-                dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks
-            ),
-            "late": lambda: LateFusion(dim, num_classes, dropout=dropout),
-        }
-        self.fusion_head: nn.Module = fusions[fusion]()
+        if fusion == "late":
+            self.fusion_head: nn.Module = LateFusion(dim, num_classes, dropout=dropout)
+        elif fusion == "bottleneck":
+            bottlenecks = num_bottlenecks
+            self.fusion_head = BottleneckFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, bottlenecks)
+        else:
+            self.fusion_head = CrossModalFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio)
         if len(self.modalities) == 1:
             self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
         self.event_head = EventHead(dim, num_event_classes) if num_event_classes > 0 else None
@@ -386,6 +367,38 @@ class HunterModule(LitModule):
         for name in chosen:
             if parts[name] is not None and hasattr(parts[name], "set_grad_checkpointing"):
                 parts[name].set_grad_checkpointing(enabled)
+
+
+def _check_settings(
+    fusion: str,
+    audio_encoder: str,
+    image_checkpointing: str,
+    dim: int,
+    heads: int,
+    modality_dropout: float,
+    modalities: Sequence[str],
+    loss_weights: Mapping[str, float] | None,
+) -> None:
+    """Refuse a `HunterModule` configuration before anything is built, naming the config key."""
+    _check_choice("fusion", fusion, FUSIONS)
+    _check_choice("audio_encoder", audio_encoder, AUDIO_ENCODERS)
+    _check_choice("image_checkpointing", image_checkpointing, ("backbone", "stages"))
+    if dim % heads:
+        raise ValueError(f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)")
+    if not 0.0 <= modality_dropout <= 0.5:
+        raise ValueError(
+            f"modality_dropout={modality_dropout} must be in [0, 0.5]: each modality is dropped with this "
+            "probability and never both at once"
+        )
+    if not set(modalities) or set(modalities) - {"image", "audio"}:
+        raise ValueError(f"modalities={list(modalities)} must be a non-empty subset of ['image', 'audio']")
+    if len(set(modalities)) == 1 and fusion != "late":
+        raise ValueError(
+            f"fusion={fusion!r} fuses two modalities; with modalities={list(modalities)} use model.fusion=late"
+        )
+    unknown = sorted(set(loss_weights or {}) - set(LOSS_KEYS))
+    if unknown:
+        raise ValueError(f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
