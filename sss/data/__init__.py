@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
+from sss.data.folder import ManifestDataModule
 from sss.data.layouts import LAYOUTS
-from sss.data.manifest import ManifestDataModule, ManifestDataset, SkipLog
+from sss.data.manifest import ManifestDataset, SkipLog
 from sss.data.synthetic import IndustrialDataModule, make_industrial
 
 __all__ = [

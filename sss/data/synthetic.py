@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from sss.data._render import EVENT_TYPES, Event, render_audio, render_image
-from sss.data.manifest import ManifestDataModule
+from sss.data.folder import ManifestDataModule
 
 try:
     import fcntl

@@ -1,0 +1,284 @@
+"""`ManifestDataModule`: train/val/test loaders over a dataset folder (a manifest or a public layout).
+
+The rows, decoding and the bad-input policy live in `sss.data.manifest` (`ManifestDataset`); this
+module finds the splits, infers classes, task, modalities and clip length, attaches the feature
+cache and builds the loaders.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+import torch
+from torch.utils.data import DataLoader
+
+from sss.data._decode import DataError
+from sss.data.datamodule import DataModule
+from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
+from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
+
+__all__ = ["ManifestDataModule"]
+
+
+class ManifestDataModule(DataModule):
+    """Train / val / test loaders over a manifest folder or a public dataset layout (see `ManifestDataset`).
+
+    Classes, the task (``"multiclass"``: ``"label"``; ``"multilabel"``: ``"labels"``;
+    ``"segmentation"``: masks only), the modalities and, when ``clip_seconds`` is None, the
+    clip length are inferred from the files and printed by `setup`. Loaders are plain
+    `torch.utils.data.DataLoader` objects, so Accelerate's ``prepare`` (seedable sampler,
+    ``set_epoch``, ``skip_first_batches``) handles resumption; the train loader shuffles
+    with a generator seeded by ``seed``.
+
+    Args:
+        root: The dataset folder (required; ``sss fit examples/manifest.yaml data.root=PATH``).
+        layout: ``manifest`` (our CSV/JSONL), ``esc50``, ``urbansound8k``, ``desed``, ``istd`` or ``sbu``.
+        fold: ESC-50 / UrbanSound8K held-out fold used as validation (default 5 / 10).
+        batch_size: Samples per batch.
+        num_workers: DataLoader worker processes (0 decodes in the main process).
+        pin_memory: Page-locked batches for faster copies to a GPU.
+        persistent_workers: Keep workers alive between epochs (forking them again costs seconds).
+        prefetch_factor: Batches each worker prepares ahead.
+        image_size: Side of the square image (and mask) tensors.
+        sample_rate: Audio rate in Hz; must equal the model's front-end rate.
+        clip_seconds: Audio clip length; None: the median duration of up to 64 training files.
+        augment: Random-resized-crop and horizontal flip of images (and masks) in training.
+        event_frame_rate: Frames per second of ``"events"`` targets (the models resample in time).
+        n_mels: Mel bins of cached features (``cache="features"``); must equal the model's ``n_mels``.
+        cache: None (decode every epoch) or ``"features"``: log-mel and resized images computed
+            once into memory-mapped files (``"audio"`` is then ``[B, 1, n_mels, T]``).
+        cache_dir: Where feature caches live; None: ``$SSS_CACHE`` or ``~/.cache/sss``.
+        on_error: ``"raise"`` (one error naming the row, the file and the fix) or ``"skip"``
+            (the row is left out, counted in `skipped`, and written by `write_skipped`).
+        allow_outside_root: Accept manifest paths that leave ``root`` (absolute or through ``..``).
+        seed: Seed of the training shuffle.
+
+    Example:
+        >>> import tempfile
+        >>> from sss.data.synthetic import make_industrial
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     dm = ManifestDataModule(make_industrial(f"{tmp}/ind", n_train=8, n_val=4, n_test=0), batch_size=4)
+        ...     dm.setup("fit")  # doctest: +ELLIPSIS
+        ...     batch = next(iter(dm.train_dataloader()))
+        sss: data .../ind (manifest): 4 classes (multiclass), image+audio, mask, events (3 at 100 frames/s), ...
+        >>> dm.classes, dm.modalities, dm.task, dm.event_frame_rate
+        (['idle', 'fault', 'passerby', 'collision'], ('image', 'audio'), 'multiclass', 100.0)
+        >>> {key: tuple(value.shape) for key, value in batch.items()}  # doctest: +NORMALIZE_WHITESPACE
+        {'image': (4, 3, 64, 64), 'audio': (4, 1, 16000), 'mask': (4, 1, 64, 64),
+         'events': (4, 100, 3), 'label': (4,), 'index': (4,)}
+    """
+
+    datasets: dict[str, ManifestDataset]
+    """The splits `setup` found, by name (``"train"``, ``"val"``, ``"test"``)."""
+
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        layout: str = "manifest",
+        fold: int | None = None,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        prefetch_factor: int = 2,
+        image_size: int = 64,
+        sample_rate: int = 16000,
+        clip_seconds: float | None = None,
+        augment: bool = True,
+        event_frame_rate: float = 100.0,
+        n_mels: int = 64,
+        cache: str | None = None,
+        cache_dir: str | None = None,
+        on_error: str = "raise",
+        allow_outside_root: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"data.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"data.on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+        if cache not in (None, "features"):
+            raise ValueError(f"data.cache must be null or 'features', got {cache!r}")
+        self.root = Path(root) if root is not None else None
+        self.layout, self.fold = layout, fold
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.pin_memory, self.persistent_workers, self.prefetch_factor = pin_memory, persistent_workers, prefetch_factor
+        self.image_size, self.sample_rate, self.clip_seconds = image_size, sample_rate, clip_seconds
+        self.augment, self.event_frame_rate, self.n_mels = augment, event_frame_rate, n_mels
+        self.cache, self.cache_dir = cache, cache_dir
+        self.on_error, self.allow_outside_root = on_error, allow_outside_root
+        self.datasets: dict[str, ManifestDataset] = {}
+        self.event_classes: list[str] = []
+        self.modalities: tuple[str, ...] = ()
+        self.task = ""
+        # One log for every split, process and worker (see SkipLog).
+        self.skip_log = SkipLog(Path(tempfile.gettempdir()) / f"sss-skipped-{os.getpid()}-{uuid.uuid4().hex[:8]}.csv")
+        if self.root is not None and self.root.is_dir():
+            # Cheap (one manifest read, no file checks): lets the run size the model's head before setup.
+            try:
+                found = read_split(layout, self.root, "train", fold)
+                self.classes = _default_classes(self.root, found) if found is not None else []
+            except DataError:
+                pass  # reported by setup, with the full context
+
+    def setup(self, stage: str) -> None:
+        """Read and check the splits present (``train`` is required for ``"fit"``), infer settings, print them."""
+        if self.root is None:
+            raise DataError(
+                "data.root is not set: pass the dataset folder, e.g. sss fit examples/manifest.yaml data.root=PATH"
+            )
+        if self.datasets:
+            return
+        first = read_split(self.layout, self.root, "train", self.fold)
+        if first is None and stage == "fit":
+            raise FileNotFoundError(f"manifest not found: {self.root / 'train.csv'} (needed for stage 'fit')")
+        inferred = self.clip_seconds is None
+        if self.clip_seconds is None:
+            self.clip_seconds = _infer_clip_seconds(self.root, first) if first is not None else 1.0
+        classes = _default_classes(self.root, first) if first is not None else (self.classes or None)
+        event_classes = None
+        for split in SPLITS:
+            if read_split(self.layout, self.root, split, self.fold) is None:
+                continue
+            dataset = self._dataset(split, classes, event_classes)
+            classes, event_classes = dataset.classes, dataset.event_classes
+            self.datasets[split] = dataset
+        if not self.datasets:
+            raise FileNotFoundError(f"no split found in {self.root} for layout {self.layout!r}")
+        any_set = next(iter(self.datasets.values()))
+        self.classes, self.event_classes, self.modalities = list(classes or []), event_classes or [], any_set.modalities
+        self.task = "multilabel" if any_set.multilabel else ("multiclass" if any_set.has_label else "segmentation")
+        if self.cache == "features":
+            from sss.data.cache import attach_feature_cache
+
+            for dataset in self.datasets.values():
+                attach_feature_cache(dataset, self.cache_dir, self.n_mels, self.num_workers)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(self.describe(inferred), flush=True)
+
+    def _dataset(self, split: str, classes: list[str] | None, event_classes: list[str] | None) -> ManifestDataset:
+        assert self.root is not None and self.clip_seconds is not None
+        return ManifestDataset(
+            self.root,
+            split,
+            layout=self.layout,
+            fold=self.fold,
+            classes=classes,
+            event_classes=event_classes,
+            image_size=self.image_size,
+            sample_rate=self.sample_rate,
+            clip_seconds=self.clip_seconds,
+            train=split == "train",
+            augment=self.augment,
+            event_frame_rate=self.event_frame_rate,
+            on_error=self.on_error,
+            allow_outside_root=self.allow_outside_root,
+            skip_log=self.skip_log.path,
+            seed=self.seed,
+        )
+
+    def describe(self, inferred: bool = False) -> str:
+        """One line: root, layout, classes, task, modalities, clip length, rows per split."""
+        extras = (["mask"] if any(d.has_mask for d in self.datasets.values()) else []) + (
+            [f"events ({len(self.event_classes)} at {self.event_frame_rate:g} frames/s)"] if self.event_classes else []
+        )
+        audio = (
+            f", clip {self.clip_seconds:g} s{' (inferred)' if inferred else ''} at {self.sample_rate} Hz"
+            if "audio" in self.modalities
+            else ""
+        )
+        rows = " / ".join(f"{s} {len(self.datasets[s]) if s in self.datasets else '-'}" for s in SPLITS)
+        shown = ", ".join(self.classes[:8]) + (", ..." if len(self.classes) > 8 else "")
+        return (
+            f"sss: data {self.root} ({self.layout}): {len(self.classes)} classes ({self.task}), "
+            f"{'+'.join(self.modalities)}{''.join(', ' + e for e in extras)}{audio}, rows {rows}; classes: {shown}"
+        )
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """Rows left out so far (``on_error="skip"``): ``manifest``, ``row``, ``file``, ``reason``; each once."""
+        return self.skip_log.rows()
+
+    def write_skipped(self, path: str | os.PathLike[str]) -> Path:
+        """Write `skipped` to ``path`` (the trainer's ``OUTPUT_DIR/skipped.csv``) and return it."""
+        return self.skip_log.write_csv(path)
+
+    def skipped_summary(self) -> str:
+        """A line for the end of an epoch: how many rows were skipped and why ("" when none).
+
+        Example:
+            >>> import tempfile
+            >>> import numpy as np, soundfile as sf
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     sf.write(f"{tmp}/ok.wav", np.zeros(1600), 16000)
+            ...     _ = open(f"{tmp}/bad.wav", "wb").write(b"RIFF junk")
+            ...     _ = open(f"{tmp}/train.csv", "w").write("audio,label\\nok.wav,hum\\nbad.wav,hum\\n")
+            ...     dm = ManifestDataModule(tmp, on_error="skip", batch_size=2)
+            ...     dm.setup("fit")  # doctest: +ELLIPSIS
+            ...     _ = next(iter(dm.train_dataloader()))
+            ...     [(row["row"], row["file"].endswith("bad.wav")) for row in dm.skipped]
+            sss: data ...
+            [(3, True)]
+            >>> dm.skipped_summary()  # doctest: +ELLIPSIS
+            'sss: 1 data row(s) skipped so far (first: .../train.csv, line 3: cannot be decoded as audio ...'
+        """
+        rows = self.skipped
+        if not rows:
+            return ""
+        first = rows[0]
+        return (
+            f"sss: {len(rows)} data row(s) skipped so far "
+            f"(first: {first['manifest']}, line {first['row']}: {first['reason']})"
+        )
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        """Shuffled batches of the training split."""
+        if "train" not in self.datasets:
+            raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') first")
+        return self._loader(self.datasets["train"], shuffle=True)
+
+    def val_dataloader(self) -> DataLoader[Any] | None:
+        """Batches of the validation split in file order, or None without one."""
+        return self._loader(self.datasets["val"], shuffle=False) if "val" in self.datasets else None
+
+    def test_dataloader(self) -> DataLoader[Any] | None:
+        """Batches of the test split in file order, or None without one."""
+        return self._loader(self.datasets["test"], shuffle=False) if "test" in self.datasets else None
+
+    def _loader(self, dataset: ManifestDataset, shuffle: bool) -> DataLoader[Any]:
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=False,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+
+def _infer_clip_seconds(root: Path, found: SplitRows) -> float:
+    """The median duration of up to 64 evenly spaced training clips, rounded to 10 ms (1.0 without audio)."""
+    paths = [row.get("audio") for _, row in found.rows if row.get("audio")]
+    step = max(len(paths) // 64, 1)
+    durations = []
+    for value in paths[::step][:64]:
+        try:
+            info = sf.info(os.path.join(root, str(value)))
+            durations.append(info.frames / info.samplerate)
+        except (RuntimeError, OSError, ValueError, ZeroDivisionError):
+            continue  # bad files are reported when their row is checked or loaded
+    positive = [d for d in durations if d > 0]
+    return round(statistics.median(positive), 2) if positive else 1.0
