@@ -21,6 +21,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; callers' atomic renames alone keep half-written folders invisible
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -498,3 +503,18 @@ def describe(value: Any) -> str:
     """A short repr for messages."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (released when the file closes, even if the process dies).
+
+    Example:
+        >>> import tempfile
+        >>> with file_lock(tempfile.mkdtemp() + "/.lock"):
+        ...     pass
+    """
+    with open(path, "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -22,13 +22,11 @@ images are the whole image resized (training augmentation is a horizontal flip o
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from sss.data._decode import DataError, single_thread
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; the atomic rename alone still keeps a half-built cache invisible
-    fcntl = None  # type: ignore[assignment]
+from sss.data._decode import DataError, file_lock, single_thread
 
 __all__ = ["CACHE_VERSION", "FeatureCache", "LogMel", "attach_feature_cache", "cache_key"]
 
@@ -170,14 +163,6 @@ def _settings(sample_rate: int, n_mels: int) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        if fcntl is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def attach_feature_cache(
     dataset: Any, cache_dir: str | os.PathLike[str] | None, n_mels: int, num_workers: int
 ) -> FeatureCache:
@@ -209,7 +194,7 @@ def attach_feature_cache(
     base.mkdir(parents=True, exist_ok=True)
     folder = base / f"features-{Path(dataset.source).stem}-{cache_key(dataset, n_mels)}"
     if not (folder / "meta.json").is_file():
-        with _lock(base / f".{folder.name}.lock"):
+        with file_lock(base / f".{folder.name}.lock"):
             if not (folder / "meta.json").is_file():  # another process may have built it while we waited
                 _build(dataset, folder, n_mels, num_workers)
     cache = FeatureCache(folder)

@@ -20,7 +20,6 @@ all classes. See ``docs/data.md`` for the full description.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -32,13 +31,13 @@ import time
 import uuid
 import wave
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sss.data._decode import file_lock
 from sss.data._render import EVENT_TYPES, Event, render_audio, render_image
 from sss.data.folder import ManifestDataModule
 
@@ -153,21 +152,12 @@ def _is_complete(out_dir: Path, args: dict[str, Any]) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (released when the file closes, even if the process dies)."""
-    with open(path, "a") as handle:
-        if fcntl is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def _generate_once(out_dir: Path, args: dict[str, Any]) -> bool:
     """Make sure ``out_dir`` holds the dataset; True if this call generated it, False if it was already there."""
     if _is_complete(out_dir, args):  # fast path, no lock: the stamp only ever appears inside a complete folder
         return False
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out_dir.parent / f".{out_dir.name}.lock"):
+    with file_lock(out_dir.parent / f".{out_dir.name}.lock"):
         if _is_complete(out_dir, args):  # another process finished while we waited for the lock
             return False
         if fcntl is not None:  # we hold the lock, so any temporary folder left is from a crashed run

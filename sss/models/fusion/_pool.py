@@ -46,6 +46,18 @@ class FusionHead(nn.Module):
     head_drop: nn.Module = nn.Identity()
     grad_checkpointing: bool = False
 
+    def build_head(self, dim: int, num_classes: int, dropout: float) -> None:
+        """Per-stream LayerNorms, dropout and the Linear head over ``[image | audio]``; then init every Linear.
+
+        Called last in a subclass's ``__init__``: its layers are built first, which fixes the order
+        in which the seed is consumed (and so the initial weights).
+        """
+        self.dim, self.num_classes = dim, num_classes
+        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
+        self.head_drop = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * dim, num_classes)
+        self.apply(init_linear)
+
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after fusion (same shapes; a None stream stays None)."""
         raise NotImplementedError(f"{type(self).__name__} must implement fuse(image, audio)")

@@ -7,7 +7,7 @@ from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import FusionHead, check_tokens, init_linear
+from sss.models.fusion._pool import FusionHead, check_tokens
 
 __all__ = ["BottleneckFusion", "BottleneckLayer"]
 
@@ -108,15 +108,10 @@ class BottleneckFusion(FusionHead):
         super().__init__()
         if num_bottlenecks < 1:
             raise ValueError(f"BottleneckFusion needs num_bottlenecks >= 1, got {num_bottlenecks}")
-        self.dim = dim
-        self.num_classes = num_classes
         self.grad_checkpointing = False
         self.bottleneck = nn.Parameter(torch.zeros(1, num_bottlenecks, dim))
         self.layers = nn.ModuleList(BottleneckLayer(dim, heads, mlp_ratio, dropout) for _ in range(depth))
-        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
-        self.head_drop = nn.Dropout(dropout)
-        self.head = nn.Linear(2 * dim, num_classes)
-        self.apply(init_linear)
+        self.build_head(dim, num_classes, dropout)
         nn.init.trunc_normal_(self.bottleneck, std=0.02)
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import FusionHead, check_tokens, init_linear
+from sss.models.fusion._pool import FusionHead, check_tokens
 
 __all__ = ["CrossAttentionBlock", "CrossModalFusion", "CrossModalLayer"]
 
@@ -119,14 +119,9 @@ class CrossModalFusion(FusionHead):
         mlp_ratio: float = 4.0,
     ) -> None:
         super().__init__()
-        self.dim = dim
-        self.num_classes = num_classes
         self.grad_checkpointing = False
         self.layers = nn.ModuleList(CrossModalLayer(dim, heads, mlp_ratio, dropout) for _ in range(depth))
-        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
-        self.head_drop = nn.Dropout(dropout)
-        self.head = nn.Linear(2 * dim, num_classes)
-        self.apply(init_linear)
+        self.build_head(dim, num_classes, dropout)
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after the cross-attention layers (same shapes; a None stream stays None).
