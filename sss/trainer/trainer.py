@@ -24,6 +24,7 @@ from torch import nn
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer import _checkpoint_io as ckpt_io
+from sss.trainer._processes import destroy_group_at_exit
 from sss.trainer.module import LitModule, _batch_size
 from sss.trainer.state import TrainState
 
@@ -76,6 +77,7 @@ class SSSTrainer:
         self.run_config = run_config
         """The whole run's config (model, data, ...), saved in checkpoints and checked on resume."""
         self.accelerator = accelerator if accelerator is not None else _build_accelerator(self.config)
+        destroy_group_at_exit()
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
             raise ConfigError(
                 f"trainer.gradient_accumulation_steps is {self.config.gradient_accumulation_steps} but the given "
