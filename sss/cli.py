@@ -14,13 +14,39 @@ from typing import Any
 EXIT_CONFIG = 2
 
 
-def fit(config: str, overrides: list[str], resume: str | None = None, num_processes: int | None = None) -> int:
+def fit(
+    config: str,
+    overrides: list[str],
+    resume: str | None = None,
+    num_processes: int | None = None,
+    mixed_precision: str | None = None,
+    gradient_accumulation_steps: int | None = None,
+    config_file: str | None = None,
+    debug: bool = False,
+) -> int:
     """Train the model of CONFIG; print a results table and write OUTPUT_DIR/results.json."""
-    if num_processes and num_processes > 1 and "LOCAL_RANK" not in os.environ:
-        return _relaunch(num_processes, ["fit", config, *overrides, *(["--resume", resume] if resume else [])])
     cfg = _load_checked(config, overrides)
     if cfg is None:
         return EXIT_CONFIG
+    flags = {
+        "num_processes": num_processes,
+        "mixed_precision": mixed_precision,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+    }
+    from sss._launch import apply_launch_settings
+
+    try:
+        processes = apply_launch_settings(cfg, config, overrides, flags, config_file, debug)
+    except Exception as exc:  # ConfigError, or a bad value that the config's own checks refuse
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if processes > 1 and "LOCAL_RANK" not in os.environ:
+        resolved = [
+            f"trainer.mixed_precision={cfg.trainer.mixed_precision}",
+            f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
+        ]
+        extra = (["--resume", resume] if resume else []) + (["--debug"] if debug else [])
+        return _relaunch(processes, ["fit", config, *overrides, *resolved, *extra])
     from sss._run import run_fit
     from sss.callbacks.checkpoint import Preempted
     from sss.data import DataError
@@ -152,7 +178,7 @@ def _relaunch(num_processes: int, args: list[str]) -> int:
 
     cmd = launch_command(num_processes, ["-m", "sss", *args])
     print("sss: launching", " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env={**os.environ, "SSS_LAUNCH_RESOLVED": "1"})
 
 
 def launch_command(num_processes: int, target: list[str]) -> list[str]:
@@ -203,7 +229,27 @@ def _parser() -> argparse.ArgumentParser:
                 default=None,
                 help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
             )
-            p.add_argument("--num-processes", type=int, default=None, help="launch N processes through Accelerate")
+            launch = p.add_argument_group(
+                "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
+            )
+            launch.add_argument("--num-processes", "--num_processes", type=int, default=None, help="launch N processes")
+            launch.add_argument(
+                "--mixed-precision", "--mixed_precision", choices=["auto", "no", "fp16", "bf16"], default=None
+            )
+            launch.add_argument(
+                "--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None
+            )
+            launch.add_argument(
+                "--config-file",
+                "--config_file",
+                default=None,
+                help="Accelerate config file (default: the one `accelerate config` wrote, if any)",
+            )
+            p.add_argument(
+                "--debug",
+                action="store_true",
+                help="2 batches of training and validation in fp32, shapes printed, anomaly detection",
+            )
     p = sub.add_parser("export", help=export.__doc__, description=export.__doc__)
     p.add_argument("config", help="the YAML config the checkpoint was trained with")
     p.add_argument("out", help="output folder (must not exist or be empty)")

@@ -146,6 +146,24 @@ class TrainerConfig:
     """Allow parameters that get no gradient (DDP's find_unused_parameters); otherwise they are an error."""
     cpu: bool = False
     """Train on the CPU even when a GPU is present."""
+    limit_train_batches: int | None = None
+    """Train on at most N batches per epoch (null: all); the epoch's last window still steps."""
+    limit_val_batches: int | None = None
+    """Evaluate on at most N batches (null: all)."""
+    overfit_batches: int = 0
+    """Train and validate on the same first N training batches every epoch (0: off); a model that cannot
+    fit them has a bug."""
+    fast_dev_run: int = 0
+    """Smoke test: N training and N validation batches, one epoch, no checkpoints or trackers (0: off)."""
+    auto_batch_size: bool = False
+    """On out-of-memory, split each batch into twice as many micro-batches (the effective batch and the
+    math stay the same) and retry; the split is kept for the rest of the run and in checkpoints."""
+    compile: bool = False
+    """torch.compile the module (in place: checkpoints keep their parameter names)."""
+    fsdp: dict[str, Any] | None = None
+    """FSDP settings passed to Accelerate's FullyShardedDataParallelPlugin (GPUs only); see docs/distributed.md."""
+    deepspeed: dict[str, Any] | None = None
+    """DeepSpeed ZeRO settings passed to Accelerate's DeepSpeedPlugin (GPUs only); see docs/distributed.md."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -173,6 +191,16 @@ class TrainerConfig:
         )
         _require(
             self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}"
+        )
+        for key in ("limit_train_batches", "limit_val_batches"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"trainer.{key} must be >= 1 (or null for all), got {value}")
+        for key in ("overfit_batches", "fast_dev_run"):
+            value = getattr(self, key)
+            _require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
+        _require(
+            not (self.fsdp and self.deepspeed),
+            "trainer.fsdp and trainer.deepspeed are both set: Accelerate runs one of them, remove the other",
         )
 
 

@@ -16,6 +16,10 @@ def _isolated(tmp_path, monkeypatch):
     """Each test runs in its own folder with a private data cache and 2 threads."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SSS_CACHE", str(tmp_path / "cache"))
+    # `sss fit` reads Accelerate's default config file; a developer's own must not change the tests.
+    import accelerate.commands.config
+
+    monkeypatch.setattr(accelerate.commands.config, "default_config_file", str(tmp_path / "no_accelerate_config.yaml"))
     torch.set_num_threads(2)
     yield
     # Accelerate keeps process-wide singletons; each test starts from a fresh one.

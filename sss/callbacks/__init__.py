@@ -2,6 +2,7 @@
 
 from sss.callbacks.base import Callback, Event
 from sss.callbacks.checkpoint import ModelCheckpoint
+from sss.callbacks.debug import DebugShapes
 from sss.callbacks.early_stopping import EarlyStopping
 from sss.callbacks.grad_norm import GradNormMonitor
 from sss.callbacks.hub import HubPush
@@ -18,6 +19,7 @@ from sss.callbacks.throughput import Throughput
 __all__ = [
     "CSVTracker",
     "Callback",
+    "DebugShapes",
     "EarlyStopping",
     "Event",
     "GradNormMonitor",

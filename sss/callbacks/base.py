@@ -24,11 +24,11 @@ class Event(str, Enum):
             # FIT_START
             for epoch in epochs:
                 # EPOCH_START
-                for batch_idx, batch in train_loader:
+                for batch_idx, batch in train_loader:   (at most limit_train_batches)
                     # BATCH_START
                     with accelerator.accumulate(model):
-                        loss = module.training_step(batch, batch_idx)   # under autocast
-                        accelerator.backward(loss)
+                        loss = module.training_step(batch, batch_idx)   # under autocast; as
+                        accelerator.backward(loss)      # state.batch_splits parts after an OOM
                         if end of accumulation window:
                             rescale a partial window; unscale fp16 gradients
                             # AFTER_BACKWARD          (true-scale grads, before clipping)

@@ -7,13 +7,14 @@ distributed type. The map of events is in the `Event` docstring (``sss/callbacks
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
+import itertools
 import json
 import math
 import shutil
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,17 @@ from torch import nn
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer import _checkpoint_io as ckpt_io
+from sss.trainer._batches import own_buffer_storage, split_batch
 from sss.trainer._processes import destroy_group_at_exit
+from sss.trainer._setup import (
+    build_accelerator,
+    cache_package_probes,
+    fast_dev_config,
+    resolve_precision,
+    use_cpu,
+    with_overrides,
+    with_stock_callbacks,
+)
 from sss.trainer.module import LitModule, _batch_size
 from sss.trainer.state import TrainState
 
@@ -73,10 +84,10 @@ class SSSTrainer:
         run_config: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = _with_overrides(config or TrainerConfig(), overrides)
+        self.config = fast_dev_config(with_overrides(config or TrainerConfig(), overrides))
         self.run_config = run_config
         """The whole run's config (model, data, ...), saved in checkpoints and checked on resume."""
-        self.accelerator = accelerator if accelerator is not None else _build_accelerator(self.config)
+        self.accelerator = accelerator if accelerator is not None else build_accelerator(self.config)
         destroy_group_at_exit()
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
             raise ConfigError(
@@ -91,7 +102,7 @@ class SSSTrainer:
                 "data_seed=SEED) for exact resumes",
                 stacklevel=2,
             )
-        self.callbacks: list[Callback] = _with_stock_callbacks(list(callbacks), self.config)
+        self.callbacks: list[Callback] = with_stock_callbacks(list(callbacks), self.config)
         self.state = TrainState()
         self.module: LitModule | None = None
         self.datamodule: Any = None
@@ -106,6 +117,7 @@ class SSSTrainer:
         self._epoch_finished = False
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
+        self._window: list[Any] = []  # the accumulation window's batches, replayed after an out-of-memory
 
     @property
     def output_dir(self) -> Path:
@@ -146,9 +158,8 @@ class SSSTrainer:
         if hasattr(getattr(loader, "dataset", None), "set_epoch"):
             loader.dataset.set_epoch(state.epoch)  # so is a dataset's augmentation, when it offers that
         start, self._resume_batches = self._resume_batches, 0
-        batches = self.accelerator.skip_first_batches(loader, start) if start else loader
         self._fire(Event.EPOCH_START)
-        for batch_idx, batch in enumerate(batches, start=start):
+        for batch_idx, batch in self._epoch_batches(loader, start):
             if self._resume_rng is not None:  # starting the loader mid-epoch drew from the RNG; undo that
                 ckpt_io.set_rng_state(self._resume_rng)
                 self._resume_rng = None
@@ -170,21 +181,87 @@ class SSSTrainer:
         if self._epoch_finished:
             state.epoch += 1
 
+    def _epoch_batches(self, loader: Any, start: int) -> Iterator[tuple[int, Any]]:
+        limit = self.config.limit_train_batches
+        if isinstance(loader, list):  # overfit_batches: the same batches every epoch
+            limit, batches = len(loader), loader[start:]
+        else:
+            batches = self.accelerator.skip_first_batches(loader, start) if start else loader
+        for batch_idx, batch in enumerate(batches, start=start):
+            if limit is not None and batch_idx + 1 >= limit:
+                # The epoch ends here, before the loader does: make accumulate() close the window
+                # as it does at a loader's end (its counter syncs when it reaches a multiple).
+                self.accelerator.step = self.accelerator.gradient_accumulation_steps - 1
+                yield batch_idx, batch
+                return
+            yield batch_idx, batch
+
     def _train_step(self, batch: Any, batch_idx: int) -> None:
         state, accelerator = self.state, self.accelerator
         self._fire(Event.BATCH_START)
         with accelerator.accumulate(self.model):
-            out = self.model("training_step", batch, batch_idx)
-            loss = out["loss"] if isinstance(out, dict) else out
-            if not isinstance(loss, torch.Tensor):
-                raise TypeError(f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}")
-            accelerator.backward(loss)
+            self._window.append((batch, batch_idx))
+            replay = False
+            while True:
+                try:
+                    if replay:  # the window's earlier batches, whose gradients the failed try discarded
+                        self._backward(self._window[:-1], last=False)
+                    state.loss = self._backward(self._window[-1:], last=True)
+                    break
+                except Exception as exc:  # only an out-of-memory under auto_batch_size is retried
+                    self._split_after_oom(exc, batch)
+                    replay = True
             state.micro_step += 1
-            state.loss = loss.detach()
             state.samples += _batch_size(batch) * accelerator.num_processes
             if accelerator.sync_gradients:
                 self._optimizer_step()
+                self._window.clear()
         self._fire(Event.BATCH_END)
+
+    def _backward(self, batches: list[tuple[Any, int]], last: bool) -> torch.Tensor | None:
+        # Each batch runs as state.batch_splits micro-batches whose losses are weighted by their
+        # share of the batch, so the gradient is the whole batch's (the loss is a per-sample mean).
+        # Gradients are synced across processes on the window's last backward only.
+        loss = None
+        for n, (batch, batch_idx) in enumerate(batches):
+            parts = split_batch(batch, self.state.batch_splits)
+            size = sum(_batch_size(part) for part in parts)
+            loss = 0.0
+            for i, part in enumerate(parts):
+                final = last and n == len(batches) - 1 and i == len(parts) - 1
+                with contextlib.nullcontext() if final else self.accelerator.no_sync(self.model):
+                    out = self.model("training_step", part, batch_idx)
+                    part_loss = out["loss"] if isinstance(out, dict) else out
+                    if not isinstance(part_loss, torch.Tensor):
+                        raise TypeError(
+                            f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}"
+                        )
+                    weight = _batch_size(part) / size
+                    self.accelerator.backward(part_loss * weight if len(parts) > 1 else part_loss)
+                loss = loss + part_loss.detach() * weight
+        return loss
+
+    def _split_after_oom(self, exc: Exception, batch: Any) -> None:
+        from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
+
+        if not (self.config.auto_batch_size and should_reduce_batch_size(exc)):
+            raise exc
+        size, splits = _batch_size(batch), self.state.batch_splits * 2
+        if splits > size:
+            raise RuntimeError(
+                f"out of memory with micro-batches of 1 sample (batch {size} split {size} ways): lower the image "
+                "size or clip length, turn on gradient checkpointing (model.grad_checkpointing=true) or use bf16"
+            ) from exc
+        _zero_grad(self.optimizer)  # this window's partial gradients are recomputed from its batches
+        clear_device_cache(garbage_collection=True)
+        self.state.batch_splits = splits
+        accum = self.config.gradient_accumulation_steps
+        warnings.warn(
+            f"out of memory at step {self.state.global_step}: each batch of {size} now runs as {splits} micro-batches "
+            f"of about {math.ceil(size / splits)} ({accum * splits} backward passes per optimizer step; the "
+            "effective batch is unchanged)",
+            stacklevel=2,
+        )
 
     def _optimizer_step(self) -> None:
         state, accelerator, cfg = self.state, self.accelerator, self.config
@@ -258,7 +335,7 @@ class SSSTrainer:
         self.model.eval()
         chunks: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
+            for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
                 outputs = self.accelerator.gather_for_metrics(self.model("validation_step", batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
@@ -306,6 +383,7 @@ class SSSTrainer:
         self.accelerator.load_state(str(path))
         state = self.state
         state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
+        state.batch_splits = meta.get("batch_splits", 1)
         state.epoch, self._resume_batches = meta["resume_epoch"], meta["resume_batch"]
         # The uninterrupted run had its epoch's loader running when it saved; a resumed one starts
         # it anew, and DataLoader.__iter__ draws a seed from the global RNG. Mid-epoch, the saved
@@ -347,6 +425,7 @@ class SSSTrainer:
         return {
             "global_step": state.global_step,
             "skipped_steps": state.skipped_steps,
+            "batch_splits": state.batch_splits,
             "epoch": state.epoch,
             "batch_idx": state.batch_idx,
             "resume_epoch": resume_epoch,
@@ -364,7 +443,7 @@ class SSSTrainer:
         from accelerate.utils import set_seed
 
         set_seed(self.config.seed)
-        _cache_package_probes()
+        cache_package_probes()
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.setup("fit")
@@ -374,8 +453,12 @@ class SSSTrainer:
             raise ValueError("fit() needs training data: pass a datamodule or train_dataloaders=")
         train = self.accelerator.prepare(train)
         val = self.accelerator.prepare(val) if val is not None else None
+        if self.config.overfit_batches:
+            train = val = list(itertools.islice(train, self.config.overfit_batches))
         self.total_steps = self._count_total_steps(train)
-        _own_buffer_storage(module)
+        own_buffer_storage(module)
+        if self.config.compile:
+            module.compile()  # in place: the state dict keeps its names, so checkpoints stay portable
         module.trainer = self
         configured = module.configure_optimizers()
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
@@ -383,12 +466,12 @@ class SSSTrainer:
         self.module = module
         if self.scheduler is not None:
             self.accelerator.register_for_checkpointing(self.scheduler)
-        self.state, self._grads_checked = TrainState(), False
+        self.state, self._grads_checked, self._window = TrainState(), False, []
         return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
         if module is not self.module:
-            _own_buffer_storage(module)
+            own_buffer_storage(module)
             module.trainer = self
             self.model, self.module = self.accelerator.prepare(_StepRouter(module)), module
         if loader is None and datamodule is not None:
@@ -404,9 +487,10 @@ class SSSTrainer:
 
     def _count_total_steps(self, loader: Any) -> int:
         cfg = self.config
-        per_epoch = (
-            math.ceil(len(loader) / self.accelerator.gradient_accumulation_steps) if hasattr(loader, "__len__") else 0
-        )
+        batches = len(loader) if hasattr(loader, "__len__") else 0
+        if cfg.limit_train_batches and not isinstance(loader, list):
+            batches = min(batches, cfg.limit_train_batches) if batches else cfg.limit_train_batches
+        per_epoch = math.ceil(batches / self.accelerator.gradient_accumulation_steps)
         candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]
         return min(candidates) if candidates else 0
 
@@ -471,15 +555,6 @@ def _skip_optimizer_step(accelerator: Accelerator) -> None:
         accelerator.scaler.update()
 
 
-def _own_buffer_storage(module: nn.Module) -> None:
-    # torch.hann_window(n) returns a view of a longer storage, so torchaudio's Spectrogram
-    # window is one; safetensors then refuses the whole state dict (in save_state and export).
-    for owner in module.modules():
-        for name, buf in owner.named_buffers(recurse=False):
-            if buf is not None and buf.untyped_storage().nbytes() != buf.numel() * buf.element_size():
-                owner._buffers[name] = buf.clone()
-
-
 def _zero_grad(optimizer: Any) -> None:
     from accelerate.optimizer import AcceleratedOptimizer
 
@@ -490,105 +565,3 @@ def _zero_grad(optimizer: Any) -> None:
         optimizer.optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.zero_grad(set_to_none=True)
-
-
-def _cache_package_probes() -> None:
-    # AcceleratedOptimizer.step searches sys.path for the optional lomo_optim package twice per
-    # step (~65 µs here, shared/design PITFALLS §D); whether it is installed cannot change mid-run.
-    import accelerate.optimizer
-
-    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
-        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
-
-
-def use_cpu(requested: bool) -> bool:
-    """Whether Accelerate must be told ``cpu=True``: asked for, or launched as several processes without an accelerator.
-
-    Under a multi-process launch Accelerate forms a gloo group on the CPU only when told
-    ``cpu=True``; otherwise, finding no GPU, it silently runs N independent copies.
-
-    Example:
-        >>> use_cpu(True)
-        True
-    """
-    import os
-
-    if requested:
-        return True
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
-    probe = getattr(torch, "accelerator", None)
-    has_accelerator = probe.is_available() if probe is not None else torch.cuda.is_available()
-    return launched and not has_accelerator
-
-
-def resolve_precision(choice: str, device: torch.device) -> str:
-    """The mixed precision ``auto`` stands for on `device`; other choices pass through.
-
-    Example:
-        >>> resolve_precision("auto", torch.device("cpu"))
-        'no'
-    """
-    if choice != "auto":
-        return choice
-    if device.type != "cuda":
-        return "no"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
-def _with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerConfig:
-    names = {f.name: f for f in dataclasses.fields(TrainerConfig)}
-    for key, value in overrides.items():
-        if key not in names:
-            raise ConfigError(f"SSSTrainer got an unknown setting {key!r}; valid: {', '.join(names)}")
-        if isinstance(value, dict) and dataclasses.is_dataclass(getattr(config, key)):
-            overrides[key] = dataclasses.replace(getattr(config, key), **value)
-    return dataclasses.replace(config, **overrides)
-
-
-def _build_accelerator(cfg: TrainerConfig) -> Accelerator:
-    from accelerate import DataLoaderConfiguration, PartialState
-    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
-
-    from sss.callbacks.metrics_logger import make_trackers
-
-    cpu = use_cpu(cfg.cpu)
-    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cpu).device)
-    out = Path(cfg.output_dir or "runs/run")
-    accelerator = Accelerator(
-        cpu=cpu,
-        mixed_precision=precision,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
-        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
-        log_with=make_trackers(cfg.log.trackers, out / "logs") or None,
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
-        step_scheduler_with_optimizer=False,
-    )
-    how = f" (auto on {accelerator.device.type})" if cfg.mixed_precision == "auto" else ""
-    accelerator.print(f"sss: mixed precision {precision}{how}")
-    return accelerator
-
-
-def _with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
-    from sss.callbacks.checkpoint import ModelCheckpoint
-    from sss.callbacks.metrics_logger import MetricsLogger
-    from sss.callbacks.model_summary import ModelSummary
-    from sss.callbacks.progress import ProgressBar
-    from sss.callbacks.skipped import SkippedRows
-
-    def missing(kind: type) -> bool:
-        return not any(isinstance(c, kind) for c in callbacks)
-
-    stock: list[Callback] = []
-    if cfg.log.summary and cfg.log.progress and missing(ModelSummary):  # part of the console display
-        stock.append(ModelSummary())
-    if cfg.log.progress and missing(ProgressBar):
-        stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
-    if cfg.log.trackers and missing(MetricsLogger):
-        stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
-    if missing(SkippedRows):
-        stock.append(SkippedRows())
-    ckpt = cfg.checkpoint
-    if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
-        stock.append(ModelCheckpoint(**dataclasses.asdict(ckpt)))
-    return callbacks + stock  # checkpoints last: they save what the other callbacks just updated

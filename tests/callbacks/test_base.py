@@ -96,6 +96,7 @@ STOCK_AND_HEALTH = [
     "OverflowDetector",
     "EarlyStopping",
     "LearningRateMonitor",
+    "DebugShapes",
     "Throughput",
     "MemoryMonitor",
     "Plots",

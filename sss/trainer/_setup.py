@@ -1,0 +1,147 @@
+"""How `SSSTrainer` is set up: the Accelerator from the config, the precision choice, stock callbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from sss.callbacks.base import Callback
+from sss.config import ConfigError, TrainerConfig
+
+__all__ = [
+    "build_accelerator",
+    "fast_dev_config",
+    "resolve_precision",
+    "use_cpu",
+    "with_overrides",
+    "with_stock_callbacks",
+]
+
+
+def cache_package_probes() -> None:
+    # AcceleratedOptimizer.step searches sys.path for the optional lomo_optim package twice per
+    # step (~65 µs here, shared/design PITFALLS §D); whether it is installed cannot change mid-run.
+    import accelerate.optimizer
+
+    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
+        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
+
+
+def use_cpu(requested: bool) -> bool:
+    """Whether Accelerate must be told ``cpu=True``: asked for, or launched as several processes without an accelerator.
+
+    Under a multi-process launch Accelerate forms a gloo group on the CPU only when told
+    ``cpu=True``; otherwise, finding no GPU, it silently runs N independent copies.
+
+    Example:
+        >>> use_cpu(True)
+        True
+    """
+    import os
+
+    if requested:
+        return True
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
+    probe = getattr(torch, "accelerator", None)
+    has_accelerator = probe.is_available() if probe is not None else torch.cuda.is_available()
+    return launched and not has_accelerator
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """The mixed precision ``auto`` stands for on `device`; other choices pass through.
+
+    Example:
+        >>> resolve_precision("auto", torch.device("cpu"))
+        'no'
+    """
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "no"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerConfig:
+    names = {f.name: f for f in dataclasses.fields(TrainerConfig)}
+    for key, value in overrides.items():
+        if key not in names:
+            raise ConfigError(f"SSSTrainer got an unknown setting {key!r}; valid: {', '.join(names)}")
+        if isinstance(value, dict) and dataclasses.is_dataclass(getattr(config, key)):
+            overrides[key] = dataclasses.replace(getattr(config, key), **value)
+    return dataclasses.replace(config, **overrides)
+
+
+def build_accelerator(cfg: TrainerConfig) -> Accelerator:
+    from accelerate import DataLoaderConfiguration, PartialState
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    from sss.callbacks.metrics_logger import make_trackers
+
+    cpu = use_cpu(cfg.cpu)
+    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cpu).device)
+    out = Path(cfg.output_dir or "runs/run")
+    accelerator = Accelerator(
+        cpu=cpu,
+        mixed_precision=precision,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        log_with=make_trackers(cfg.log.trackers, out / "logs") or None,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
+        step_scheduler_with_optimizer=False,
+    )
+    how = f" (auto on {accelerator.device.type})" if cfg.mixed_precision == "auto" else ""
+    accelerator.print(f"sss: mixed precision {precision}{how}")
+    return accelerator
+
+
+def with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
+    from sss.callbacks.checkpoint import ModelCheckpoint
+    from sss.callbacks.metrics_logger import MetricsLogger
+    from sss.callbacks.model_summary import ModelSummary
+    from sss.callbacks.progress import ProgressBar
+    from sss.callbacks.skipped import SkippedRows
+
+    def missing(kind: type) -> bool:
+        return not any(isinstance(c, kind) for c in callbacks)
+
+    stock: list[Callback] = []
+    if cfg.log.summary and cfg.log.progress and missing(ModelSummary):  # part of the console display
+        stock.append(ModelSummary())
+    if cfg.log.progress and missing(ProgressBar):
+        stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
+    if cfg.log.trackers and missing(MetricsLogger):
+        stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
+    if missing(SkippedRows):
+        stock.append(SkippedRows())
+    ckpt = cfg.checkpoint
+    if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
+        stock.append(ModelCheckpoint(**dataclasses.asdict(ckpt)))
+    return callbacks + stock  # checkpoints last: they save what the other callbacks just updated
+
+
+def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:
+    """`cfg` as ``trainer.fast_dev_run=N`` means it: N batches of training and validation, one epoch, nothing kept.
+
+    Example:
+        >>> fast = fast_dev_config(TrainerConfig(fast_dev_run=2))
+        >>> fast.limit_train_batches, fast.max_epochs, fast.checkpoint.every_epoch, fast.log.trackers
+        (2, 1, False, [])
+    """
+    n = cfg.fast_dev_run
+    if not n:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        limit_train_batches=n,
+        limit_val_batches=n,
+        max_epochs=1,
+        max_steps=None,
+        checkpoint=dataclasses.replace(cfg.checkpoint, every_epoch=False, every_n_steps=None),
+        log=dataclasses.replace(cfg.log, trackers=[]),
+    )
