@@ -131,13 +131,34 @@ def _load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], sourc
         )
 
 
+def load_trained_weights(module: torch.nn.Module, path: str | Path, hint: str) -> None:
+    """Load into `module` the weights of a training checkpoint folder or of a model folder (both safetensors).
+
+    Raises FileNotFoundError when `path` is neither, and RuntimeError naming the mismatch (with
+    `hint`) when the weights do not fit the module.
+    """
+    from safetensors.torch import load_file
+
+    from sss.trainer._checkpoint_io import MARKER
+
+    path = Path(path)
+    if not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(
+            f"{path} holds no {WEIGHTS}: pass a checkpoint folder (OUTPUT_DIR/checkpoints/step_N, with {MARKER}) "
+            "or a model folder (OUTPUT_DIR/model, or one written by sss export)"
+        )
+    state = load_file(str(path / WEIGHTS))
+    if (path / MARKER).is_file():  # Accelerate saved the trainer's wrapper: its keys start with "module."
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+    _load_weights(module, state, path / WEIGHTS, hint)
+
+
 def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -> Path:
     """Write the model folder of a training checkpoint (``sss export CONFIG --ckpt PATH OUT``).
 
     The weights come from the checkpoint's ``model.safetensors``; the metrics for the model card
     from its ``trainer_state.json``. An existing non-empty `out` is refused, never overwritten.
     """
-    from safetensors.torch import load_file
 
     from sss.trainer._checkpoint_io import MARKER
 
@@ -147,9 +168,7 @@ def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty; choose another folder or remove it")
     module = instantiate(cfg.model)
-    # Accelerate saved the trainer's wrapper around the module: its keys start with "module.".
-    state = {k.removeprefix("module."): v for k, v in load_file(str(checkpoint / WEIGHTS)).items()}
-    _load_weights(module, state, checkpoint / WEIGHTS, "Export with the config and overrides it was trained with.")
+    load_trained_weights(module, checkpoint, "Export with the config and overrides it was trained with.")
     meta = json.loads((checkpoint / MARKER).read_text())
     datamodule = instantiate(cfg.data) if cfg.data else None
     if datamodule is not None and hasattr(datamodule, "setup"):

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from sss._evaluate import evaluate, flat_results, print_evaluation
 from sss._export import export_model
 from sss.callbacks.checkpoint import complete_checkpoints
 from sss.callbacks.plots import Plots
@@ -51,7 +50,9 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     trainer.fit(module, datamodule, ckpt_path=ckpt)
     fit_seconds = time.perf_counter() - fit_start
     results: dict[str, Any] = dict(trainer.state.metrics)
-    results.update(_single_modality_accuracy(trainer, module, datamodule))
+    evaluation = _final_evaluation(trainer, module, datamodule)
+    if evaluation is not None:
+        results.update(flat_results(evaluation))
     model_dir = out / "model"
     if state.is_main_process:
         export_model(module, cfg, results, model_dir, datamodule)
@@ -67,7 +68,10 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     results.update({f"plot/{p.stem}": str(p) for p in plots})  # one row each in the summary table
     if state.is_main_process:
         (out / "results.json").write_text(json.dumps(results, indent=2))
-        _print_results(cfg.name, results, out / "results.json")
+        if evaluation is not None:
+            print_evaluation(evaluation, f"sss fit {cfg.name}: validation, fused and per modality")
+        shown = {k: v for k, v in results.items() if evaluation is None or not k.startswith("val/")}
+        _print_results(cfg.name, shown, out / "results.json")
     state.wait_for_everyone()
     state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
     return results
@@ -142,38 +146,12 @@ def _resume_path(out: Path, resume: str | None) -> Path | None:
     return found[-1]
 
 
-class _ZeroModality:
-    """Collate, then replace one modality by zeros (picklable, for loader workers)."""
-
-    def __init__(self, collate: Any, key: str) -> None:
-        self.collate, self.key = collate, key
-
-    def __call__(self, samples: list[Any]) -> Any:
-        batch = self.collate(samples)
-        if self.key in batch:  # single-modality data (ESC-50, ISTD, ...) has no such key
-            batch[self.key] = torch.zeros_like(batch[self.key])
-        return batch
-
-
-def _single_modality_accuracy(trainer: SSSTrainer, module: Any, datamodule: Any) -> dict[str, float]:
-    """Validation accuracy with the other modality zeroed: how much each modality carries alone."""
-    loader = datamodule.val_dataloader() if datamodule is not None else None
-    if not isinstance(loader, torch.utils.data.DataLoader) or "val/accuracy" not in trainer.state.metrics:
-        return {}
-    results = {}
-    modalities = getattr(datamodule, "modalities", ("image", "audio"))
-    if len(modalities) < 2:
-        return {}  # one modality: "the other one zeroed" is the plain validation already
-    for kept, zeroed in (("image", "audio"), ("audio", "image")):
-        ablated = torch.utils.data.DataLoader(
-            loader.dataset,
-            batch_size=loader.batch_size,
-            num_workers=loader.num_workers,
-            collate_fn=_ZeroModality(loader.collate_fn, zeroed),
-        )
-        metrics = trainer.validate(module, dataloaders=ablated, prefix=f"val_{kept}_only")
-        results[f"val/accuracy_{kept}_only"] = metrics[f"val_{kept}_only/accuracy"]
-    return results
+def _final_evaluation(trainer: SSSTrainer, module: Any, datamodule: Any) -> dict[str, Any] | None:
+    """The validation split once more, fused and with each modality zeroed (what each carries alone)."""
+    loader = datamodule.val_dataloader() if datamodule is not None and hasattr(datamodule, "val_dataloader") else None
+    if loader is None or not trainer.state.eval_metrics:
+        return None
+    return evaluate(trainer, module, datamodule, split="val")
 
 
 def _print_results(name: str, results: dict[str, Any], path: Path) -> None:

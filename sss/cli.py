@@ -62,6 +62,51 @@ def fit(
     return 0
 
 
+def validate(
+    config: str,
+    overrides: list[str],
+    ckpt: str,
+    output: str | None = None,
+    no_ablation: bool = False,
+    num_processes: int | None = None,
+) -> int:
+    """Evaluate CKPT (a checkpoint or model folder) on the validation split: a table and a metrics JSON file."""
+    return _evaluate("val", config, overrides, ckpt, output, no_ablation, num_processes)
+
+
+def test(
+    config: str,
+    overrides: list[str],
+    ckpt: str,
+    output: str | None = None,
+    no_ablation: bool = False,
+    num_processes: int | None = None,
+) -> int:
+    """Evaluate CKPT (a checkpoint or model folder) on the test split: a table and a metrics JSON file."""
+    return _evaluate("test", config, overrides, ckpt, output, no_ablation, num_processes)
+
+
+def _evaluate(
+    split: str, config: str, overrides: list[str], ckpt: str, output: str | None, no_ablation: bool, processes: Any
+) -> int:
+    if processes and processes > 1 and "LOCAL_RANK" not in os.environ:
+        extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
+        command = "validate" if split == "val" else "test"
+        return _relaunch(processes, [command, config, *overrides, "--ckpt", ckpt, *extra])
+    cfg = _load_checked(config, overrides)
+    if cfg is None:
+        return EXIT_CONFIG
+    from sss._evaluate import run_evaluate
+    from sss.data import DataError
+
+    try:
+        run_evaluate(cfg, ckpt, split, output, ablation=not no_ablation)
+    except (FileNotFoundError, FileExistsError, DataError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
 def predict(model_dir: str, input: str, output: str, batch_size: int = 32) -> int:
     """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest."""
     from sss._export import predict as run_predict
@@ -150,6 +195,8 @@ def data(
 
 COMMANDS: dict[str, Callable[..., int]] = {
     "fit": fit,
+    "validate": validate,
+    "test": test,
     "check": check,
     "config": config,
     "export": export,
@@ -250,6 +297,18 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="2 batches of training and validation in fp32, shapes printed, anomaly detection",
             )
+    for name in ("validate", "test"):
+        p = sub.add_parser(name, help=COMMANDS[name].__doc__, description=COMMANDS[name].__doc__)
+        p.add_argument("config", help="the YAML config the model was trained with")
+        p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
+        p.add_argument(
+            "--ckpt", required=True, help="checkpoint folder (OUTPUT_DIR/checkpoints/step_N) or model folder"
+        )
+        p.add_argument(
+            "--output", default=None, help="JSON file to write (default OUTPUT_DIR/eval/<split>_<ckpt>.json)"
+        )
+        p.add_argument("--no-ablation", action="store_true", help="skip the image-only and audio-only passes")
+        p.add_argument("--num-processes", "--num_processes", type=int, default=None, help="evaluate in N processes")
     p = sub.add_parser("export", help=export.__doc__, description=export.__doc__)
     p.add_argument("config", help="the YAML config the checkpoint was trained with")
     p.add_argument("out", help="output folder (must not exist or be empty)")

@@ -87,6 +87,8 @@ class HunterModule(LitModule):
         modalities: The encoders to build: ``("image", "audio")``, or one of them for data with one
             modality (an encoder that never sees data would get no gradient). ``sss fit`` sets it from
             the datamodule's ``modalities``.
+        metrics: Evaluation metrics to keep, by name with ``*`` wildcards (``["accuracy*", "event_f1"]``);
+            None keeps the task's defaults (docs/metrics.md).
 
     Raises:
         ValueError: An unknown fusion or audio encoder name, ``heads`` not dividing ``dim``, an
@@ -135,8 +137,10 @@ class HunterModule(LitModule):
         modality_dropout: float = 0.0,
         loss_weights: Mapping[str, float] | None = None,
         modalities: Sequence[str] = ("image", "audio"),
+        metrics: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        self.metrics = list(metrics) if metrics is not None else None
         checked = (fusion, audio_encoder, image_checkpointing, dim, heads, modality_dropout, modalities, loss_weights)
         _check_settings(*checked)
         self.num_classes = num_classes

@@ -51,6 +51,8 @@ class LitModule(nn.Module):
     fusion_head: nn.Module | None
     trainer: SSSTrainer | None
     """The trainer running this module (set by `SSSTrainer`); None outside a run."""
+    metrics: list[str] | None = None
+    """Metric names `compute_metrics` keeps (``*`` wildcards; the loss always); None: the task's defaults."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,32 +92,72 @@ class LitModule(nn.Module):
         """Per-sample outputs of one evaluation batch; every value has the batch as its first dimension.
 
         The trainer gathers them across processes (dropping the samples a distributed sampler
-        duplicated) and hands the concatenation to `compute_metrics`. The default returns the
-        loss (the batch mean repeated per sample, so the dataset mean stays exact), and, for a
-        single-label batch, the predicted and true class.
+        duplicated) and hands the concatenation to `compute_metrics`. The default returns each
+        sample's loss (so the dataset mean is exact, also for a padded last batch) and, for each
+        task whose output and target are present:
+
+        - clip classes: ``scores`` (logits ``[B, K]``) with ``target`` (class indices; also ``preds``)
+          or ``labels`` (multi-hot);
+        - sound events: ``event_probs`` ``[B, T', E]``, ``event_target`` ``[B, T, E]`` and
+          ``clip_seconds`` ``[B]`` (from `clip_seconds`);
+        - shadow masks: ``mask_counts`` ``[B, 4]`` pixel counts (`sss.metrics.mask_counts`), so the
+          dataset-level BER needs no full-resolution masks gathered.
         """
+        from sss.metrics import mask_counts
+        from sss.trainer._batches import split_batch
+
         outputs = self(batch)
-        loss = self.compute_loss(outputs, batch).detach().float()
         logits = _logits(outputs)
         size = logits.shape[0] if logits is not None else _batch_size(batch)
-        result = {"loss": loss.expand(size)}
+        # One loss per sample: a distributed sampler pads the last batch with repeated samples,
+        # which a batch mean would mix into the rows that gather_for_metrics keeps.
+        pairs = zip(split_batch(outputs, size), split_batch(batch, size), strict=True)
+        result = {"loss": torch.stack([self.compute_loss(out, one).detach().float() for out, one in pairs])}
         if logits is not None and "label" in batch:
-            result["preds"] = logits.argmax(dim=-1)
-            result["target"] = batch["label"]
+            result.update(scores=logits.float(), preds=logits.argmax(dim=-1), target=batch["label"])
+        elif logits is not None and "labels" in batch:
+            result.update(scores=logits.float(), labels=batch["labels"])
+        if not isinstance(outputs, dict):
+            return result
+        seconds = self.clip_seconds(batch)
+        if "events" in outputs and "events" in batch and seconds is not None:
+            result["event_probs"] = outputs["events"].float().sigmoid()
+            result["event_target"] = batch["events"]
+            result["clip_seconds"] = torch.full((size,), seconds, device=result["loss"].device)
+        if "mask" in outputs and "mask" in batch:
+            result["mask_counts"] = mask_counts(outputs["mask"].float().sigmoid(), batch["mask"])
         return result
 
     def compute_metrics(self, outputs: dict[str, Tensor]) -> dict[str, float]:
         """Dataset-level metrics from the gathered `validation_step` outputs (names without a prefix).
 
-        Default: mean ``loss``; with ``preds``/``target``: ``accuracy`` and ``macro_f1`` (the mean
-        F1 over every class seen in predictions or targets; an undefined F1 counts as 0).
+        Default: mean ``loss`` plus the metrics of each task present (`sss.metrics.task_metrics`):
+        accuracy, top-5 accuracy, macro/micro F1 and per-class P/R/F1 for single-label; mAP, mAUC
+        and F1 for multi-label; segment- and event-based F1 and error rate for sound events; BER
+        for shadow masks. Set ``metrics`` (a list of names with ``*`` wildcards) to keep fewer.
         """
+        from sss.metrics import task_metrics
+
         metrics = {"loss": float(outputs["loss"].float().mean())} if "loss" in outputs else {}
-        if "preds" in outputs and "target" in outputs:
-            preds, target = outputs["preds"].long().cpu(), outputs["target"].long().cpu()
-            metrics["accuracy"] = float((preds == target).double().mean())
-            metrics["macro_f1"] = _macro_f1(preds, target, getattr(self, "num_classes", None))
-        return metrics
+        datamodule = getattr(self.trainer, "datamodule", None)
+        names = getattr(datamodule, "classes", None)
+        return metrics | task_metrics(outputs, class_names=list(names) if names else None, select=self.metrics)
+
+    def clip_seconds(self, batch: Batch) -> float | None:
+        """Length in seconds of the batch's audio clips, which event metrics need; None when unknown.
+
+        Read from ``batch["clip_seconds"]`` when the data provides it, else from the audio and the
+        audio encoder's ``frontend`` (its ``sample_rate``, and ``hop_length`` for log-mel features).
+        """
+        if "clip_seconds" in batch:
+            return float(torch.as_tensor(batch["clip_seconds"]).flatten()[0])
+        frontend = getattr(self.audio_encoder, "frontend", None)
+        audio, rate = batch.get("audio"), getattr(frontend, "sample_rate", None)
+        if not isinstance(audio, Tensor) or rate is None:
+            return None
+        if audio.ndim == 4:  # cached log-mel [B, 1, M, T] of centred frames: T = S // hop + 1
+            return (audio.shape[-1] - 1) * frontend.hop_length / rate
+        return audio.shape[-1] / rate
 
     def predict_step(self, batch: Batch, batch_idx: int) -> Any:
         """Outputs for inference; default: `forward`."""
@@ -178,17 +220,6 @@ def _batch_size(batch: Batch) -> int:
         if isinstance(value, Tensor) and value.ndim > 0:
             return value.shape[0]
     return 1
-
-
-def _macro_f1(preds: Tensor, target: Tensor, num_classes: int | None) -> float:
-    classes = num_classes or int(max(preds.max(), target.max()) + 1)
-    f1s = []
-    for c in range(classes):
-        tp = int(((preds == c) & (target == c)).sum())
-        fp = int(((preds == c) & (target != c)).sum())
-        fn = int(((preds != c) & (target == c)).sum())
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
-    return sum(f1s) / len(f1s)
 
 
 def _target_callable(spec: dict[str, Any]) -> Any:

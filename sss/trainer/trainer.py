@@ -307,15 +307,26 @@ class SSSTrainer:
         *,
         dataloaders: Iterable[Any] | None = None,
         prefix: str = "val",
+        zero: str | None = None,
     ) -> dict[str, float]:
-        """Evaluate on the validation data; metrics are named ``<prefix>/<name>``."""
-        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix)
+        """Evaluate on the validation data; metrics are named ``<prefix>/<name>``.
+
+        `zero` names a batch key (``"image"`` or ``"audio"``) to replace by zeros: the modality
+        ablation, which shows what the other modality achieves alone.
+        """
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix, zero)
 
     def test(
-        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None
+        self,
+        module: LitModule,
+        datamodule: Any = None,
+        *,
+        dataloaders: Iterable[Any] | None = None,
+        prefix: str = "test",
+        zero: str | None = None,
     ) -> dict[str, float]:
-        """Evaluate on the test data; metrics are named ``test/<name>``."""
-        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), "test")
+        """Evaluate on the test data; metrics are named ``<prefix>/<name>`` (see `validate` for `zero`)."""
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), prefix, zero)
 
     def predict(
         self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None
@@ -327,15 +338,17 @@ class SSSTrainer:
         with torch.no_grad():
             return [self.accelerator.gather_for_metrics(self.model("predict_step", b, i)) for i, b in enumerate(loader)]
 
-    def _evaluate(self, loader: Any, prefix: str) -> dict[str, float]:
+    def _evaluate(self, loader: Any, prefix: str, zero: str | None = None) -> dict[str, float]:
         state = self.state
-        previous, state.stage = state.stage, "test" if prefix == "test" else "val"
+        previous, state.stage = state.stage, "test" if prefix.startswith("test") else "val"
         self._fire(Event.VALIDATION_START)
         was_training = self.model.training
         self.model.eval()
         chunks: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
             for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
+                if zero is not None and zero in batch:
+                    batch = {**batch, zero: torch.zeros_like(batch[zero])}
                 outputs = self.accelerator.gather_for_metrics(self.model("validation_step", batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
@@ -470,6 +483,8 @@ class SSSTrainer:
         return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
+        if datamodule is not None:
+            self.datamodule = datamodule  # class names and settings for compute_metrics
         if module is not self.module:
             own_buffer_storage(module)
             module.trainer = self

@@ -112,10 +112,26 @@ def test_validation_and_predict_steps(batch: dict[str, Any]) -> None:
     with torch.no_grad():
         out = model.validation_step(batch, 0)
         predicted = model.predict_step(batch, 0)
-    assert set(out) == {"loss", "preds", "target"} and out["preds"].shape == (2,)
+    assert set(out) == {"loss", "scores", "preds", "target"} and out["preds"].shape == (2,)
     assert set(predicted) == {"logits", "events", "mask"}
     metrics = model.compute_metrics(out)
-    assert set(metrics) == {"loss", "accuracy", "macro_f1"}
+    assert {"loss", "accuracy", "macro_f1", "micro_f1", "f1/0"} <= set(metrics)
+
+
+def test_validation_step_carries_every_task_and_metrics_follow(batch: dict[str, Any]) -> None:
+    model = create_model("hunter_tiny", **HEADS).eval()
+    targets = {"events": torch.zeros(2, 50, 2), "mask": torch.zeros(2, 1, 64, 64)}
+    targets["events"][0, 10:20, 1] = 1.0  # a 0.1 s event in a 0.5 s clip
+    targets["mask"][:, :, :32] = 1.0  # shadow on the top half
+    with torch.no_grad():
+        out = model.validation_step({**batch, **targets}, 0)
+    assert out["event_probs"].shape[::2] == (2, 2) and out["event_target"].shape == (2, 50, 2)
+    assert out["clip_seconds"].tolist() == [0.5, 0.5]
+    assert out["mask_counts"].shape == (2, 4) and int(out["mask_counts"].sum()) == 2 * 64 * 64
+    metrics = model.compute_metrics(out)
+    assert {"event_f1", "event_er", "segment_f1", "segment_er", "ber", "shadow_error"} <= set(metrics)
+    model.metrics = ["accuracy", "ber"]
+    assert set(model.compute_metrics(out)) == {"loss", "accuracy", "ber"}
 
 
 # --- the multi-task loss ---------------------------------------------------------------------------------

@@ -55,9 +55,7 @@ def test_limit_train_batches_equals_training_on_those_batches_and_steps_the_shor
 
 def test_limit_val_batches_counts_only_those_batches():
     t = trainer(max_steps=1, limit_val_batches=2)
-    metrics = t.fit(
-        Counting(), train_dataloaders=boring_loader(n=8), val_dataloaders=boring_loader(n=40, batch_size=8)
-    )
+    metrics = t.fit(Counting(), train_dataloaders=boring_loader(n=8), val_dataloaders=boring_loader(n=40, batch_size=8))
     assert metrics["val/count"] == 16
 
 

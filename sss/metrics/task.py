@@ -1,0 +1,69 @@
+"""The metrics of a task, picked from what the gathered evaluation outputs hold."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from sss.metrics.classification import multiclass_metrics, multilabel_metrics
+from sss.metrics.sed import sed_metrics
+from sss.metrics.shadow import shadow_metrics
+
+__all__ = ["HEADLINE", "PER_CLASS_UP_TO", "task_metrics"]
+
+PER_CLASS_UP_TO = 32
+"""Per-class keys (``f1/<class>``, ``ap/<class>``, ...) are reported by default up to this many classes."""
+
+HEADLINE = ("accuracy", "macro_f1", "map", "event_f1", "segment_f1", "ber")
+"""The metrics that the modality ablation reports per modality and as a fusion gain, where present."""
+
+
+def task_metrics(
+    outputs: dict[str, Tensor],
+    *,
+    class_names: Sequence[str] | None = None,
+    select: Sequence[str] | None = None,
+) -> dict[str, float]:
+    """Dataset-level metrics for every task whose outputs are present (see `LitModule.validation_step`).
+
+    - ``scores`` + ``target`` (class indices): `multiclass_metrics`;
+    - ``scores`` + ``labels`` (multi-hot): `multilabel_metrics`;
+    - ``event_probs`` + ``event_target`` + ``clip_seconds``: `sed_metrics`;
+    - ``mask_counts``: `shadow_metrics`.
+
+    Args:
+        outputs: Gathered per-sample evaluation outputs.
+        class_names: Names of the clip classes, for per-class keys.
+        select: Metric names to keep, with ``*`` wildcards (e.g. ``["accuracy*", "event_f1"]``); None keeps
+            the task's default set: everything, per-class keys only up to `PER_CLASS_UP_TO` classes.
+
+    Example:
+        >>> import torch
+        >>> out = {"scores": torch.eye(3), "target": torch.tensor([0, 1, 1])}
+        >>> metrics = task_metrics(out, select=["accuracy", "macro_f1"])
+        >>> {k: round(v, 4) for k, v in metrics.items()}
+        {'accuracy': 0.6667, 'macro_f1': 0.5556}
+    """
+    metrics: dict[str, float] = {}
+    scores = outputs.get("scores")
+    if scores is not None and "target" in outputs:
+        metrics |= multiclass_metrics(scores.float(), outputs["target"].long(), class_names=class_names)
+    if scores is not None and "labels" in outputs:
+        metrics |= multilabel_metrics(scores.float(), outputs["labels"].float(), class_names=class_names)
+    if "event_probs" in outputs and "event_target" in outputs and "clip_seconds" in outputs:
+        metrics |= sed_metrics(outputs["event_probs"].float(), outputs["event_target"].float(), outputs["clip_seconds"])
+    if "mask_counts" in outputs and _defined(outputs["mask_counts"]):
+        metrics |= shadow_metrics(outputs["mask_counts"])
+    if select is not None:
+        return {k: v for k, v in metrics.items() if any(fnmatch.fnmatchcase(k, pattern) for pattern in select)}
+    many = scores is not None and scores.shape[-1] > PER_CLASS_UP_TO
+    return {k: v for k, v in metrics.items() if not (many and "/" in k)}
+
+
+def _defined(counts: Tensor) -> bool:
+    # BER needs shadow and non-shadow pixels in the set; a set without either (e.g. no shadows in
+    # a small validation split) gets no BER rather than a failed evaluation.
+    total = counts.sum(dim=0)
+    return bool(total[0] + total[3] > 0 and total[1] + total[2] > 0)

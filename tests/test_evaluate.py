@@ -1,0 +1,77 @@
+"""`sss validate` / `sss test`: a checkpoint or model folder evaluated, fused and per modality, into a JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sss._evaluate import _json_safe, flat_results
+from sss.cli import main
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
+SHORT = [
+    "model.name=hunter_tiny",
+    "model.num_event_classes=3",
+    "model.mask_head=true",
+    "data.n_train=32",
+    "data.n_val=16",
+    "data.n_test=12",
+    "data.batch_size=8",
+    "trainer.log.progress=false",
+]
+
+
+@pytest.mark.slow
+def test_validate_and_test_a_checkpoint_and_a_model_folder(capsys):
+    assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0
+    fitted = json.loads(Path("runs/industrial/results.json").read_text())
+    ckpt = fitted["checkpoint_dir"]
+    capsys.readouterr()
+
+    assert main(["validate", EXAMPLE, *SHORT, "--ckpt", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert "fusion gain" in out and "image only" in out and "event_f1" in out and "ber" in out
+    written = json.loads(Path("runs/industrial/eval/val_step_0000004.json").read_text())
+    assert written["split"] == "val" and written["samples"] == 16 and written["checkpoint"] == ckpt
+    assert sum(map(sum, written["confusion_matrix"])) == 16
+    # the checkpoint holds the final weights: the same numbers as the end of fit
+    for key in ("accuracy", "macro_f1", "loss", "event_f1", "segment_er", "ber"):
+        assert written["metrics"][key] == pytest.approx(fitted[f"val/{key}"], abs=1e-6) or (
+            written["metrics"][key] is None and math.isnan(fitted[f"val/{key}"])
+        )
+    assert fitted["val/accuracy_image_only"] == pytest.approx(written["ablation"]["image_only"]["accuracy"])
+
+    # the exported model folder evaluates on the test split; the default file is never overwritten
+    assert main(["test", EXAMPLE, *SHORT, "--ckpt", fitted["model_dir"], "--no-ablation"]) == 0
+    assert main(["test", EXAMPLE, *SHORT, "--ckpt", fitted["model_dir"], "--no-ablation"]) == 0
+    first, second = (
+        json.loads(Path(f"runs/industrial/eval/{n}.json").read_text()) for n in ("test_model", "test_model_1")
+    )
+    assert first["samples"] == 12 and first["ablation"] == {} and first["metrics"] == second["metrics"]
+
+    # an explicit --output that exists is refused; a folder without weights is named
+    capsys.readouterr()
+    assert main(["test", EXAMPLE, *SHORT, "--ckpt", ckpt, "--output", "runs/industrial/eval/test_model.json"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main(["validate", EXAMPLE, *SHORT, "--ckpt", "runs"]) == 1
+    assert "holds no model.safetensors" in capsys.readouterr().err
+
+
+def test_fusion_gain_is_an_improvement_also_for_lower_is_better_metrics():
+    result = {
+        "split": "test",
+        "metrics": {"ber": 10.0, "accuracy": 0.7},
+        "ablation": {"image_only": {"ber": 12.0, "accuracy": 0.8}, "audio_only": {"ber": 30.0, "accuracy": 0.4}},
+    }
+    flat = flat_results(result)
+    assert flat["test/fusion_gain_ber"] == pytest.approx(2.0)  # 12 -> 10: better by 2 points
+    assert flat["test/fusion_gain_accuracy"] == pytest.approx(-0.1)  # fusion lost to the image alone
+    assert flat["test/ber_audio_only"] == 30.0
+
+
+def test_undefined_metrics_become_json_null():
+    assert _json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
