@@ -10,7 +10,7 @@ from typing import Any
 
 from sss.metrics.task import HEADLINE
 
-__all__ = ["evaluate", "flat_results", "print_evaluation", "run_evaluate"]
+__all__ = ["check_output", "evaluate", "flat_results", "print_evaluation", "run_evaluate"]
 
 LOWER_IS_BETTER = ("loss", "ber", "error", "_er")
 
@@ -88,8 +88,10 @@ def flat_results(result: dict[str, Any]) -> dict[str, float]:
         if name not in fused or len(singles) != 2:
             continue
         flat[f"{split}/{name}_image_only"], flat[f"{split}/{name}_audio_only"] = singles
+        # An undefined single-modality value (e.g. event F1 with no events detected) is not the better one.
+        defined = [v for v in singles if not math.isnan(v)]
         lower = name.endswith(LOWER_IS_BETTER)
-        best = min(singles) if lower else max(singles)
+        best = (min(defined) if lower else max(defined)) if defined else math.nan
         flat[f"{split}/fusion_gain_{name}"] = (best - fused[name]) if lower else (fused[name] - best)
     return flat
 
@@ -128,8 +130,11 @@ def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: 
     cfg.model = {**cfg.model, **_sizes_from_data(cfg.model, datamodule)}
     module = instantiate(cfg.model)
     load_trained_weights(module, ckpt, "Evaluate with the config and overrides it was trained with.")
-    quiet = dataclasses.replace(
+    quiet = dataclasses.replace(  # the whole split, whatever the training run limited
         cfg.trainer,
+        limit_val_batches=None,
+        fast_dev_run=0,
+        overfit_batches=0,
         log=dataclasses.replace(cfg.trainer.log, progress=False, trackers=[]),
         checkpoint=dataclasses.replace(cfg.trainer.checkpoint, every_epoch=False, every_n_steps=None),
     )
@@ -146,17 +151,30 @@ def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: 
 
 
 def _output_path(cfg: Any, ckpt: str, split: str, output: str | None) -> Path:
-    # An explicit --output that exists is refused; the default never overwrites an earlier file.
+    # An explicit --output that exists is refused; the default, in the run folder the checkpoint
+    # or model folder belongs to, never overwrites an earlier file.
     if output is not None:
-        if Path(output).exists():
-            raise FileExistsError(f"--output {output} already exists; choose another path or remove it")
+        check_output(output)
         return Path(output)
-    base = Path(cfg.trainer.output_dir) / "eval" / f"{split}_{Path(ckpt).name}"
-    path, n = base.with_suffix(".json"), 0
+    ckpt_path = Path(ckpt)
+    if ckpt_path.parent.name == "checkpoints":
+        run = ckpt_path.parent.parent
+    elif (ckpt_path.parent / "results.json").is_file():
+        run = ckpt_path.parent  # OUTPUT_DIR/model
+    else:
+        run = Path(cfg.trainer.output_dir)
+    name, n = f"{split}_{ckpt_path.name}", 0
+    path = run / "eval" / f"{name}.json"
     while path.exists():
         n += 1
-        path = base.with_name(f"{base.name}_{n}.json")
+        path = run / "eval" / f"{name}_{n}.json"
     return path
+
+
+def check_output(output: str) -> None:
+    """Refuse an existing ``--output`` file (checked before any process starts)."""
+    if Path(output).exists():
+        raise FileExistsError(f"--output {output} already exists; choose another path or remove it")
 
 
 def _strip(metrics: dict[str, float], prefix: str) -> dict[str, float]:

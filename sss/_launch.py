@@ -7,6 +7,7 @@ file (``--config-file``, else the one ``accelerate config`` wrote), the sss defa
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ def accelerate_config(path: str | None = None) -> tuple[dict[str, Any], str | No
             f"--config-file {path}: no such file (write one with `accelerate config --config_file {path}`)"
         )
     text = Path(path).read_text(encoding="utf-8")
-    data = (yaml.safe_load(text) if not path.endswith(".json") else __import__("json").loads(text)) or {}
+    data = (json.loads(text) if path.endswith(".json") else yaml.safe_load(text)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config-file {path}: not an Accelerate config (a mapping of settings)")
     values = {key: data[key] for key in ("num_processes", "mixed_precision") if data.get(key) is not None}
@@ -171,7 +172,7 @@ def apply_launch_settings(
     settings = []
     if os.environ.get("SSS_LAUNCH_RESOLVED") != "1":
         file_values, file_name = accelerate_config(config_file)
-        if "LOCAL_RANK" in os.environ:  # started by the user's own `accelerate launch`
+        if "ACCELERATE_MIXED_PRECISION" in os.environ:  # started by the user's own `accelerate launch`
             flags = {**launcher_flags(file_values), **{k: v for k, v in flags.items() if v is not None}}
         keys = explicit_keys(config, overrides)
         explicit = {
@@ -181,18 +182,23 @@ def apply_launch_settings(
             ),
         }
         settings = resolve_launch(flags, explicit, file_values, file_name)
-        values = {s.key: s.value for s in settings}
-        cfg.trainer = dataclasses.replace(  # runs TrainerConfig's checks on the new values
-            cfg.trainer,
-            mixed_precision=str(values["mixed_precision"]),
-            gradient_accumulation_steps=int(values["gradient_accumulation_steps"]),
-        )
+        values = {s.key: s for s in settings}
+        try:  # runs TrainerConfig's checks on the new values; a bad one is named with its source
+            cfg.trainer = dataclasses.replace(
+                cfg.trainer,
+                mixed_precision=str(values["mixed_precision"].value),
+                gradient_accumulation_steps=int(values["gradient_accumulation_steps"].value),
+            )
+        except ConfigError as exc:
+            sources = "; ".join(f"{s.key} from {s.source}" for s in settings if s.source != "default")
+            raise ConfigError(f"{exc} ({sources})") from None
     if debug:
         cfg.trainer = dataclasses.replace(cfg.trainer, fast_dev_run=2, mixed_precision="no")
         cfg.callbacks = [*cfg.callbacks, {"_target_": "sss.callbacks.DebugShapes"}]
-        if cfg.trainer.output_dir == f"runs/{cfg.name}":
-            cfg.name = f"{cfg.name}_debug"
-            cfg.trainer.output_dir = f"runs/{cfg.name}"
+        # A folder of its own: runs/<name>_debug (numbered on when taken), or <output_dir>_debug.
+        default = cfg.trainer.output_dir == f"runs/{cfg.name}"
+        cfg.name = f"{cfg.name}_debug"
+        cfg.trainer.output_dir = f"runs/{cfg.name}" if default else f"{cfg.trainer.output_dir}_debug"
     if settings and int(os.environ.get("RANK", "0")) == 0:
         shown = ", ".join(f"{s.key}={s.value} ({s.source})" for s in settings)
         print(f"sss: {shown}" + (" -> --debug: mixed_precision=no" if debug else ""), flush=True)

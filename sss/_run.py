@@ -111,6 +111,11 @@ def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
 
     chosen = [cfg.trainer.output_dir]
     default = f"runs/{cfg.name}"
+    if chosen[0] != default and resume is None and (Path(chosen[0]) / "results.json").exists():
+        raise FileExistsError(
+            f"trainer.output_dir {chosen[0]} already holds a finished run (results.json): choose another folder, "
+            "or leave trainer.output_dir unset for a fresh numbered runs/<name>_N"
+        )
     if resume not in (None, "latest") and chosen[0] == default and Path(resume).parent.name == "checkpoints":
         return str(Path(resume).parent.parent)  # resuming a given checkpoint continues its own run folder
     if state.is_main_process and chosen[0] == default:

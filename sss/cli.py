@@ -87,8 +87,22 @@ def test(
 
 
 def _evaluate(
-    split: str, config: str, overrides: list[str], ckpt: str, output: str | None, no_ablation: bool, processes: Any
+    split: str,
+    config: str,
+    overrides: list[str],
+    ckpt: str,
+    output: str | None,
+    no_ablation: bool,
+    processes: int | None,
 ) -> int:
+    from sss._evaluate import check_output
+
+    if output is not None and "LOCAL_RANK" not in os.environ:
+        try:
+            check_output(output)
+        except FileExistsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     if processes and processes > 1 and "LOCAL_RANK" not in os.environ:
         extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
         command = "validate" if split == "val" else "test"
@@ -269,44 +283,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("config", help="YAML config file, e.g. examples/industrial.yaml")
         p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
         if name == "fit":
-            p.add_argument(
-                "--resume",
-                nargs="?",
-                const="latest",
-                default=None,
-                help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
-            )
-            launch = p.add_argument_group(
-                "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
-            )
-            launch.add_argument("--num-processes", "--num_processes", type=int, default=None, help="launch N processes")
-            launch.add_argument(
-                "--mixed-precision", "--mixed_precision", choices=["auto", "no", "fp16", "bf16"], default=None
-            )
-            launch.add_argument(
-                "--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None
-            )
-            launch.add_argument(
-                "--config-file",
-                "--config_file",
-                default=None,
-                help="Accelerate config file (default: the one `accelerate config` wrote, if any)",
-            )
-            p.add_argument(
-                "--debug",
-                action="store_true",
-                help="2 batches of training and validation in fp32, shapes printed, anomaly detection",
-            )
+            _add_fit_flags(p)
     for name in ("validate", "test"):
         p = sub.add_parser(name, help=COMMANDS[name].__doc__, description=COMMANDS[name].__doc__)
         p.add_argument("config", help="the YAML config the model was trained with")
         p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
-        p.add_argument(
-            "--ckpt", required=True, help="checkpoint folder (OUTPUT_DIR/checkpoints/step_N) or model folder"
-        )
-        p.add_argument(
-            "--output", default=None, help="JSON file to write (default OUTPUT_DIR/eval/<split>_<ckpt>.json)"
-        )
+        p.add_argument("--ckpt", required=True, help="checkpoint folder (run/checkpoints/step_N) or model folder")
+        p.add_argument("--output", default=None, help="JSON file (default: <run folder>/eval/<split>_<ckpt>.json)")
         p.add_argument("--no-ablation", action="store_true", help="skip the image-only and audio-only passes")
         p.add_argument("--num-processes", "--num_processes", type=int, default=None, help="evaluate in N processes")
     p = sub.add_parser("export", help=export.__doc__, description=export.__doc__)
@@ -331,6 +314,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-rate", type=int, default=16000, help="audio sample rate in Hz")
     p.add_argument("--clip-seconds", type=float, default=1.0, help="audio clip length")
     return parser
+
+
+def _add_fit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
+    )
+    launch = p.add_argument_group(
+        "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
+    )
+    launch.add_argument("--num-processes", "--num_processes", type=int, default=None, help="launch N processes")
+    launch.add_argument("--mixed-precision", "--mixed_precision", choices=["auto", "no", "fp16", "bf16"], default=None)
+    launch.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None)
+    launch.add_argument(
+        "--config-file",
+        "--config_file",
+        default=None,
+        help="Accelerate config file (default: the one `accelerate config` wrote, if any)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="2 batches of training and validation in fp32, shapes printed, anomaly detection",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

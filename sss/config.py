@@ -202,6 +202,11 @@ class TrainerConfig:
             not (self.fsdp and self.deepspeed),
             "trainer.fsdp and trainer.deepspeed are both set: Accelerate runs one of them, remove the other",
         )
+        _require(
+            not (self.auto_batch_size and self.deepspeed),
+            "trainer.auto_batch_size does not work with trainer.deepspeed (DeepSpeed steps inside backward): "
+            "set data.batch_size and trainer.gradient_accumulation_steps yourself",
+        )
 
 
 @dataclass

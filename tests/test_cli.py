@@ -39,7 +39,7 @@ KEYS = {
 def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
     assert main(["fit", EXAMPLE, *SHORT, "trainer.max_steps=4"]) == 0
     out = capsys.readouterr().out
-    assert "results" in out and "val/accuracy" in out
+    assert "fused and per modality" in out and "fusion gain" in out and "accuracy" in out
     results = json.loads(Path("runs/industrial/results.json").read_text())
     assert set(results) >= KEYS
     assert Path(results["checkpoint_dir"], "trainer_state.json").is_file()

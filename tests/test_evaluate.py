@@ -75,3 +75,13 @@ def test_fusion_gain_is_an_improvement_also_for_lower_is_better_metrics():
 
 def test_undefined_metrics_become_json_null():
     assert _json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
+
+
+def test_an_undefined_single_modality_value_does_not_decide_the_fusion_gain():
+    for image, audio in ((float("nan"), 0.6), (0.6, float("nan"))):
+        result = {
+            "split": "val",
+            "metrics": {"event_f1": 0.7},
+            "ablation": {"image_only": {"event_f1": image}, "audio_only": {"event_f1": audio}},
+        }
+        assert flat_results(result)["val/fusion_gain_event_f1"] == pytest.approx(0.1)

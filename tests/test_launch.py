@@ -95,3 +95,14 @@ def test_sss_fit_debug_runs_two_batches_with_shapes_in_its_own_folder(capsys):
     results = json.loads(Path("runs/industrial_debug/results.json").read_text())
     assert results["global_step"] == 2 and results["checkpoint_dir"] is None
     assert not Path("runs/industrial").exists()
+
+
+def test_debug_never_writes_into_a_finished_run(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    args = ["fit", EXAMPLE, *SHORT, "trainer.log.progress=false", f"trainer.output_dir={mine}"]
+    assert main([*args, "trainer.max_steps=1"]) == 0
+    before = (mine / "results.json").read_text()
+    assert main([*args, "--debug"]) == 0
+    assert (mine / "results.json").read_text() == before and (tmp_path / "mine_debug" / "results.json").is_file()
+    with pytest.raises(FileExistsError, match="already holds a finished run"):
+        main([*args, "trainer.max_steps=1", "trainer.checkpoint.every_epoch=false"])

@@ -10,7 +10,7 @@ from torch import nn
 
 from sss.trainer.module import _batch_size
 
-__all__ = ["own_buffer_storage", "split_batch"]
+__all__ = ["first_batches", "own_buffer_storage", "split_batch"]
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -31,11 +31,31 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
     def piece(value: Any, i: int) -> Any:
         if isinstance(value, dict):
             return {k: piece(v, i) for k, v in value.items()}
-        if isinstance(value, (torch.Tensor, list, tuple)) and getattr(value, "ndim", 1) > 0 and len(value) == size:
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(piece(v, i) for v in value)  # a container of batch tensors, e.g. (logits, aux)
+        if isinstance(value, torch.Tensor) and value.ndim > 0 and len(value) == size:
+            return value[bounds[i] : bounds[i + 1]]
+        if isinstance(value, (list, tuple)) and len(value) == size:  # per-sample values, e.g. file paths
             return value[bounds[i] : bounds[i + 1]]
         return value
 
     return [piece(batch, i) for i in range(parts) if bounds[i + 1] > bounds[i]]
+
+
+def first_batches(loader: Any, n: int) -> torch.utils.data.DataLoader:
+    """A loader over the first `n` batches' samples of `loader`'s dataset, in order (``trainer.overfit_batches``).
+
+    Example:
+        >>> from sss.testing import boring_loader
+        >>> [b["index"].tolist() for b in first_batches(boring_loader(n=20, batch_size=4, shuffle=True), 2)]
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    """
+    if not isinstance(loader, torch.utils.data.DataLoader) or loader.batch_size is None:
+        raise ValueError("trainer.overfit_batches needs a torch DataLoader with a batch_size as training data")
+    rows = torch.utils.data.Subset(loader.dataset, range(min(n * loader.batch_size, len(loader.dataset))))
+    return torch.utils.data.DataLoader(
+        rows, batch_size=loader.batch_size, shuffle=False, collate_fn=loader.collate_fn, num_workers=loader.num_workers
+    )
 
 
 def own_buffer_storage(module: nn.Module) -> None:

@@ -24,6 +24,11 @@ __all__ = [
 
 
 def cache_package_probes() -> None:
+    """Cache Accelerate's per-step probe for an optional package (a no-op after the first call).
+
+    Example:
+        >>> cache_package_probes()
+    """
     # AcceleratedOptimizer.step searches sys.path for the optional lomo_optim package twice per
     # step (~65 µs here, shared/design PITFALLS §D); whether it is installed cannot change mid-run.
     import accelerate.optimizer
@@ -67,6 +72,12 @@ def resolve_precision(choice: str, device: torch.device) -> str:
 
 
 def with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerConfig:
+    """`config` with `SSSTrainer`'s keyword overrides applied (nested sections as dicts); unknown keys are named.
+
+    Example:
+        >>> with_overrides(TrainerConfig(), {"max_steps": 3, "log": {"progress": False}}).log.progress
+        False
+    """
     names = {f.name: f for f in dataclasses.fields(TrainerConfig)}
     for key, value in overrides.items():
         if key not in names:
@@ -77,6 +88,7 @@ def with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerC
 
 
 def build_accelerator(cfg: TrainerConfig) -> Accelerator:
+    """The `Accelerator` of `cfg`: device, resolved precision, accumulation, seedable sampler, trackers, plugins."""
     from accelerate import DataLoaderConfiguration, PartialState
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
@@ -101,6 +113,7 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
 
 
 def with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
+    """`callbacks` plus the stock ones the config asks for and the user did not pass; checkpoints last."""
     from sss.callbacks.checkpoint import ModelCheckpoint
     from sss.callbacks.metrics_logger import MetricsLogger
     from sss.callbacks.model_summary import ModelSummary

@@ -215,8 +215,11 @@ def _logits(outputs: Any) -> Tensor | None:
     return None
 
 
-def _batch_size(batch: Batch) -> int:
-    for value in batch.values():
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, Tensor):
+        return batch.shape[0] if batch.ndim else 1
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
         if isinstance(value, Tensor) and value.ndim > 0:
             return value.shape[0]
     return 1

@@ -33,9 +33,9 @@ class TrainState:
     batch_idx: int = 0
     """Index of the current micro-batch in the epoch."""
     micro_step: int = 0
+    """Micro-batches in the current accumulation window so far."""
     batch_splits: int = 1
     """Micro-batches each loader batch runs as (raised by ``trainer.auto_batch_size`` after an out-of-memory)."""
-    """Micro-batches in the current accumulation window so far."""
     samples: int = 0
     """Training samples seen, over all processes."""
     loss: Any = None

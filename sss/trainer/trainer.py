@@ -25,7 +25,7 @@ from torch import nn
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer import _checkpoint_io as ckpt_io
-from sss.trainer._batches import own_buffer_storage, split_batch
+from sss.trainer._batches import first_batches, own_buffer_storage, split_batch
 from sss.trainer._processes import destroy_group_at_exit
 from sss.trainer._setup import (
     build_accelerator,
@@ -117,7 +117,9 @@ class SSSTrainer:
         self._epoch_finished = False
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
-        self._window: list[Any] = []  # the accumulation window's batches, replayed after an out-of-memory
+        self._window: list[Any] = []  # under auto_batch_size, the window's batches (replayed after an OOM)
+        self._window_buffers: list[torch.Tensor] = []
+        self._in_synced_part = False
 
     @property
     def output_dir(self) -> Path:
@@ -183,10 +185,9 @@ class SSSTrainer:
 
     def _epoch_batches(self, loader: Any, start: int) -> Iterator[tuple[int, Any]]:
         limit = self.config.limit_train_batches
-        if isinstance(loader, list):  # overfit_batches: the same batches every epoch
-            limit, batches = len(loader), loader[start:]
-        else:
-            batches = self.accelerator.skip_first_batches(loader, start) if start else loader
+        if limit is not None and start >= limit:
+            return  # resumed after the limited epoch's last batch
+        batches = self.accelerator.skip_first_batches(loader, start) if start else loader
         for batch_idx, batch in enumerate(batches, start=start):
             if limit is not None and batch_idx + 1 >= limit:
                 # The epoch ends here, before the loader does: make accumulate() close the window
@@ -200,22 +201,25 @@ class SSSTrainer:
         state, accelerator = self.state, self.accelerator
         self._fire(Event.BATCH_START)
         with accelerator.accumulate(self.model):
-            self._window.append((batch, batch_idx))
+            if self.config.auto_batch_size and not self._window:  # the state a replay starts from
+                self._window_buffers = [b.detach().clone() for b in self.module.buffers()]
             replay = False
             while True:
                 try:
                     if replay:  # the window's earlier batches, whose gradients the failed try discarded
-                        self._backward(self._window[:-1], last=False)
-                    state.loss = self._backward(self._window[-1:], last=True)
+                        self._backward(self._window, last=False)
+                    state.loss = self._backward([(batch, batch_idx)], last=True)
                     break
                 except Exception as exc:  # only an out-of-memory under auto_batch_size is retried
                     self._split_after_oom(exc, batch)
                     replay = True
+            if self.config.auto_batch_size:
+                self._window.append((batch, batch_idx))
             state.micro_step += 1
             state.samples += _batch_size(batch) * accelerator.num_processes
             if accelerator.sync_gradients:
                 self._optimizer_step()
-                self._window.clear()
+                self._window = []
         self._fire(Event.BATCH_END)
 
     def _backward(self, batches: list[tuple[Any, int]], last: bool) -> torch.Tensor | None:
@@ -229,6 +233,7 @@ class SSSTrainer:
             loss = 0.0
             for i, part in enumerate(parts):
                 final = last and n == len(batches) - 1 and i == len(parts) - 1
+                self._in_synced_part = final and self.accelerator.sync_gradients
                 with contextlib.nullcontext() if final else self.accelerator.no_sync(self.model):
                     out = self.model("training_step", part, batch_idx)
                     part_loss = out["loss"] if isinstance(out, dict) else out
@@ -247,12 +252,21 @@ class SSSTrainer:
         if not (self.config.auto_batch_size and should_reduce_batch_size(exc)):
             raise exc
         size, splits = _batch_size(batch), self.state.batch_splits * 2
+        if self._in_synced_part and self.accelerator.num_processes > 1:
+            # DDP's reducer cannot redo a step whose synchronising backward failed on one process.
+            raise RuntimeError(
+                f"out of memory in the gradient-synchronising micro-batch at step {self.state.global_step} with "
+                f"{self.accelerator.num_processes} processes, which cannot be retried: lower data.batch_size and "
+                "raise trainer.gradient_accumulation_steps by the same factor (the effective batch stays)"
+            ) from exc
         if splits > size:
             raise RuntimeError(
                 f"out of memory with micro-batches of 1 sample (batch {size} split {size} ways): lower the image "
-                "size or clip length, turn on gradient checkpointing (model.grad_checkpointing=true) or use bf16"
+                "size or clip length, turn on gradient checkpointing (module.set_grad_checkpointing(True)) or use bf16"
             ) from exc
         _zero_grad(self.optimizer)  # this window's partial gradients are recomputed from its batches
+        for buffer, saved in zip(self.module.buffers(), self._window_buffers, strict=True):
+            buffer.copy_(saved)  # BatchNorm statistics as before the window, which is replayed
         clear_device_cache(garbage_collection=True)
         self.state.batch_splits = splits
         accum = self.config.gradient_accumulation_steps
@@ -464,10 +478,10 @@ class SSSTrainer:
             val = val if val is not None else datamodule.val_dataloader()
         if train is None:
             raise ValueError("fit() needs training data: pass a datamodule or train_dataloaders=")
+        if self.config.overfit_batches:
+            train = val = first_batches(train, self.config.overfit_batches)
         train = self.accelerator.prepare(train)
         val = self.accelerator.prepare(val) if val is not None else None
-        if self.config.overfit_batches:
-            train = val = list(itertools.islice(train, self.config.overfit_batches))
         self.total_steps = self._count_total_steps(train)
         own_buffer_storage(module)
         if self.config.compile:
@@ -503,7 +517,7 @@ class SSSTrainer:
     def _count_total_steps(self, loader: Any) -> int:
         cfg = self.config
         batches = len(loader) if hasattr(loader, "__len__") else 0
-        if cfg.limit_train_batches and not isinstance(loader, list):
+        if cfg.limit_train_batches:
             batches = min(batches, cfg.limit_train_batches) if batches else cfg.limit_train_batches
         per_epoch = math.ceil(batches / self.accelerator.gradient_accumulation_steps)
         candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]

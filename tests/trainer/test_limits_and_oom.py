@@ -64,7 +64,7 @@ def test_overfit_batches_trains_and_validates_on_the_same_batches_every_epoch():
     t = trainer(max_epochs=3, overfit_batches=2)
     metrics = t.fit(module, train_dataloaders=boring_loader(n=64, batch_size=8, shuffle=True))
     assert len(module.seen) == 6 and module.seen[0:2] == module.seen[2:4] == module.seen[4:6]
-    assert module.seen[0] != list(range(8))  # the loader's own (shuffled) first batches
+    assert module.seen[0] == list(range(8))  # the dataset's first samples, in order
     assert metrics["val/count"] == 16 and t.state.global_step == 6
 
 
@@ -139,3 +139,46 @@ def test_compile_trains_like_eager():
     t.fit(compiled, train_dataloaders=boring_loader(n=32))
     torch.testing.assert_close(params(compiled), params(eager), rtol=1e-5, atol=1e-6)
     assert sorted(compiled.state_dict()) == sorted(eager.state_dict())  # checkpoints keep their names
+
+
+def test_resume_right_after_the_last_limited_batch_trains_no_extra_batch(tmp_path):
+    settings = {"max_epochs": 2, "limit_train_batches": 3, "seed": 1}
+    torch.manual_seed(0)
+    straight = BoringModule()
+    saving = trainer(
+        **{**settings, "checkpoint": {"every_n_steps": 3, "every_epoch": False}}, output_dir=str(tmp_path / "a")
+    )
+    saving.fit(straight, train_dataloaders=boring_loader(n=40, shuffle=True))
+    torch.manual_seed(0)
+    resumed = BoringModule()
+    t = trainer(**settings, output_dir=str(tmp_path / "b"))
+    t.fit(
+        resumed, train_dataloaders=boring_loader(n=40, shuffle=True), ckpt_path=tmp_path / "a/checkpoints/step_0000003"
+    )
+    assert t.state.global_step == saving.state.global_step == 6
+    assert torch.equal(params(resumed), params(straight))
+
+
+def test_overfit_batches_covering_the_whole_loader_keeps_accumulation_and_counts():
+    t = trainer(max_epochs=2, overfit_batches=3, gradient_accumulation_steps=2)
+    metrics = t.fit(Counting(), train_dataloaders=boring_loader(n=20, batch_size=8))
+    assert t.state.global_step == 4 and metrics["val/count"] == 20  # 3 batches (8, 8, 4): 2 windows per epoch
+
+
+def test_auto_batch_size_replays_a_window_from_the_same_batchnorm_statistics():
+    class WithNorm(OutOfMemoryAbove):
+        def __init__(self) -> None:
+            super().__init__(limit=4, after=1)
+            self.image_encoder = torch.nn.Sequential(
+                torch.nn.Flatten(), torch.nn.BatchNorm1d(48), torch.nn.Linear(48, 8)
+            )
+
+    torch.manual_seed(0)
+    module = WithNorm()
+    with pytest.warns(UserWarning, match="2 micro-batches"):
+        trainer(max_steps=1, gradient_accumulation_steps=2, auto_batch_size=True).fit(
+            module, train_dataloaders=boring_loader(n=16, batch_size=8)
+        )
+    # the first batch (whole) ran once before the OOM and was replayed in two halves: without the
+    # restore, BatchNorm would have counted it twice plus the second batch's halves
+    assert int(module.image_encoder[1].num_batches_tracked) == 4

@@ -62,6 +62,7 @@ class LogMelFrontend(nn.Module):
                 "pass f_max=None for sample_rate / 2"
             )
         self.sample_rate = sample_rate
+        self.hop_length = hop_length
         self.n_mels = n_mels
         self.num_masks = num_masks
         # Complex STFT + MelScale rather than MelSpectrogram: squaring real and imaginary parts is ~3x
