@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sss.config import SSSConfig, TrainerConfig, instantiate, load_config
     from sss.data.datamodule import DataModule
     from sss.models.registry import create_model, register_model
+    from sss.notebook import notebook_fit
     from sss.trainer.module import LitModule
     from sss.trainer.state import TrainState
     from sss.trainer.trainer import SSSTrainer
@@ -37,6 +38,7 @@ __all__ = [
     "instantiate",
     "load_config",
     "load_model",
+    "notebook_fit",
     "register_model",
 ]
 
@@ -51,6 +53,7 @@ _WHERE = {
     "DataModule": "sss.data.datamodule",
     "create_model": "sss.models.registry",
     "register_model": "sss.models.registry",
+    "notebook_fit": "sss.notebook",
     "LitModule": "sss.trainer.module",
     "TrainState": "sss.trainer.state",
     "SSSTrainer": "sss.trainer.trainer",

@@ -198,10 +198,10 @@ class TrainerConfig:
         for key in ("overfit_batches", "fast_dev_run"):
             value = getattr(self, key)
             _require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
-        _require(
-            not (self.fsdp and self.deepspeed),
-            "trainer.fsdp and trainer.deepspeed are both set: Accelerate runs one of them, remove the other",
-        )
+        if self.fsdp is not None or self.deepspeed is not None:
+            from sss.trainer.sharding import check_sharding  # here: sss.trainer imports this module (and torch)
+
+            check_sharding(self.fsdp, self.deepspeed)
         _require(
             not (self.auto_batch_size and self.deepspeed),
             "trainer.auto_batch_size does not work with trainer.deepspeed (DeepSpeed steps inside backward): "

@@ -93,9 +93,14 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     from sss.callbacks.metrics_logger import make_trackers
+    from sss.trainer.sharding import accelerator_plugins, describe
 
     cpu = use_cpu(cfg.cpu)
-    precision = resolve_precision(cfg.mixed_precision, PartialState(cpu=cpu).device)
+    device = PartialState(cpu=cpu).device
+    precision = resolve_precision(cfg.mixed_precision, device)
+    # "cpu" here means the device is the CPU (where Accelerate ignores FSDP), not use_cpu()'s
+    # answer, which is False for a one-process CPU run.
+    plugins = accelerator_plugins(cfg.fsdp, cfg.deepspeed, max_grad_norm=cfg.max_grad_norm, cpu=device.type == "cpu")
     out = Path(cfg.output_dir or "runs/run")
     accelerator = Accelerator(
         cpu=cpu,
@@ -106,9 +111,12 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
         log_with=make_trackers(cfg.log.trackers, out / "logs") or None,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
         step_scheduler_with_optimizer=False,
+        **plugins,
     )
     how = f" (auto on {accelerator.device.type})" if cfg.mixed_precision == "auto" else ""
     accelerator.print(f"sss: mixed precision {precision}{how}")
+    if plugins:
+        accelerator.print(f"sss: {describe(cfg.fsdp, cfg.deepspeed)}")
     return accelerator
 
 

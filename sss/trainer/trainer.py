@@ -26,7 +26,7 @@ from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer import _checkpoint_io as ckpt_io
 from sss.trainer._batches import first_batches, own_buffer_storage, split_batch
-from sss.trainer._processes import destroy_group_at_exit
+from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._setup import (
     build_accelerator,
     cache_package_probes,
@@ -84,6 +84,7 @@ class SSSTrainer:
         run_config: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
+        tag_warnings_with_rank()  # first: warnings while building the Accelerator carry their rank too
         self.config = fast_dev_config(with_overrides(config or TrainerConfig(), overrides))
         self.run_config = run_config
         """The whole run's config (model, data, ...), saved in checkpoints and checked on resume."""

@@ -1,0 +1,97 @@
+"""`notebook_fit` (sss fit from a notebook, 1 or N processes) and the example notebook."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sss.config import ConfigError, load_config
+from sss.notebook import _load, notebook_fit
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
+TINY = [
+    "model.name=hunter_tiny",
+    "data.n_train=16",
+    "data.n_val=8",
+    "data.n_test=0",
+    "data.batch_size=4",
+    "data.image_size=32",
+    "data.clip_seconds=0.5",
+    "trainer.max_steps=2",
+    "trainer.log.progress=false",
+    "trainer.log.trackers=[]",
+    "trainer.checkpoint.every_epoch=false",
+]
+# One process in the kernel first, then two forked ones: the first must leave no Accelerator behind
+# (Accelerate's launcher refuses to fork one), and the forks must not inherit the kernel's one-process state.
+SCRIPT = f"""
+import json
+from accelerate import PartialState
+from sss.notebook import notebook_fit
+one = notebook_fit({EXAMPLE!r}, overrides={TINY!r})
+PartialState(cpu=True)
+two = notebook_fit({EXAMPLE!r}, num_processes=2, overrides={TINY!r})
+print("RESULTS", json.dumps([one, two]))
+"""
+
+
+@pytest.mark.slow
+def test_one_then_two_processes_return_the_results(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    one, two = json.loads(done.stdout.split("RESULTS ", 1)[1])
+    assert one["global_step"] == two["global_step"] == 2 and 0 <= two["val/accuracy"] <= 1
+    assert one["model_dir"] == "runs/industrial/model" and two["model_dir"] == "runs/industrial_1/model"
+    assert json.loads((tmp_path / "runs" / "industrial_1" / "results.json").read_text()) == two
+    assert "Launching training on 2" in done.stdout
+    # one gloo group with one main process, not two independent copies that would each report a run
+    assert done.stdout.count("sss: run 'industrial' -> runs/industrial_1") == 1
+
+
+def test_configs_from_a_dict_an_sssconfig_or_a_path_load_like_sss_fit():
+    spec = {
+        "name": "nb",
+        "model": {"_target_": "sss.testing.BoringModule"},
+        "data": {"_target_": "sss.testing.BoringDataset"},
+    }
+    cfg = _load(spec, ["trainer.max_steps=3"])
+    assert cfg.name == "nb" and cfg.trainer.max_steps == 3 and cfg.trainer.output_dir == "runs/nb"
+    again = _load(cfg, ["trainer.seed=7"])
+    assert again.trainer.max_steps == 3 and again.trainer.seed == 7 and again.name == "nb"
+    assert _load(EXAMPLE, ["trainer.max_steps=2"]).name == "industrial"
+    with pytest.raises(ConfigError, match=r"notebook config: trainer\.max_stepz"):
+        _load({**spec, "trainer": {"max_stepz": 3}}, [])
+    with pytest.raises(ConfigError, match=r"notebook config: data: missing"):
+        notebook_fit({"model": spec["model"]})
+
+
+def test_several_processes_after_cuda_was_initialised_say_what_to_do(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match=r"CUDA is already initialised.*Restart the kernel and call notebook_fit"):
+        notebook_fit(load_config(EXAMPLE, TINY), num_processes=2)
+
+
+def test_the_example_notebook_is_valid_and_its_code_compiles():
+    path = ROOT / "examples" / "notebook.ipynb"
+    nb = json.loads(path.read_text())
+    assert nb["nbformat"] == 4 and nb["nbformat_minor"] >= 5 and "kernelspec" in nb["metadata"]
+    ids = [cell["id"] for cell in nb["cells"]]
+    assert len(set(ids)) == len(ids)  # nbformat 4.5 wants unique cell ids
+    code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+    assert {cell["cell_type"] for cell in nb["cells"]} == {"markdown", "code"} and code
+    for cell in code:
+        assert cell["outputs"] == [] and cell["execution_count"] is None
+        compile("".join(cell["source"]), f"{path.name}:{cell['id']}", "exec")
+    assert any(
+        "notebook_fit(" in "".join(cell["source"]) and "num_processes=2" in "".join(cell["source"]) for cell in code
+    )
