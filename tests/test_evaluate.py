@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,19 @@ def test_validate_and_test_a_checkpoint_and_a_model_folder(capsys):
         json.loads(Path(f"runs/industrial/eval/{n}.json").read_text()) for n in ("test_model", "test_model_1")
     )
     assert first["samples"] == 12 and first["ablation"] == {} and first["metrics"] == second["metrics"]
+
+    # two processes give the one-process numbers (16 samples in batches of 3: a padded last batch)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "sss", "validate", EXAMPLE, *SHORT, "data.batch_size=3", "--ckpt", ckpt]
+    for n, out in ((1, "one.json"), (2, "two.json")):
+        done = subprocess.run(
+            [*cmd, "--num-processes", str(n), "--output", out], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads(Path(name).read_text()) for name in ("one.json", "two.json"))
+    assert one["samples"] == two["samples"] == 16 and one["confusion_matrix"] == two["confusion_matrix"]
+    for key, value in one["metrics"].items():
+        assert (value is None and two["metrics"][key] is None) or value == pytest.approx(two["metrics"][key], abs=1e-6)
 
     # an explicit --output that exists is refused; a folder without weights is named
     capsys.readouterr()

@@ -92,9 +92,10 @@ class LitModule(nn.Module):
         """Per-sample outputs of one evaluation batch; every value has the batch as its first dimension.
 
         The trainer gathers them across processes (dropping the samples a distributed sampler
-        duplicated) and hands the concatenation to `compute_metrics`. The default returns each
-        sample's loss (so the dataset mean is exact, also for a padded last batch) and, for each
-        task whose output and target are present:
+        duplicated) and hands the concatenation to `compute_metrics`. The default returns the loss
+        per sample (the batch mean repeated; each sample's own in the last batch of a multi-process
+        evaluation, which the sampler may have padded, so the dataset mean stays exact) and, for
+        each task whose output and target are present:
 
         - clip classes: ``scores`` (logits ``[B, K]``) with ``target`` (class indices; also ``preds``)
           or ``labels`` (multi-hot);
@@ -109,10 +110,15 @@ class LitModule(nn.Module):
         outputs = self(batch)
         logits = _logits(outputs)
         size = logits.shape[0] if logits is not None else _batch_size(batch)
-        # One loss per sample: a distributed sampler pads the last batch with repeated samples,
-        # which a batch mean would mix into the rows that gather_for_metrics keeps.
-        pairs = zip(split_batch(outputs, size), split_batch(batch, size), strict=True)
-        result = {"loss": torch.stack([self.compute_loss(out, one).detach().float() for out, one in pairs])}
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1 and accelerator.gradient_state.end_of_dataloader:
+            # One loss per sample in a last batch that a distributed sampler may have padded with
+            # repeated samples, which a batch mean would mix into the rows gather_for_metrics keeps.
+            pairs = zip(split_batch(outputs, size), split_batch(batch, size), strict=True)
+            loss = torch.stack([self.compute_loss(out, one).detach().float() for out, one in pairs])
+        else:
+            loss = self.compute_loss(outputs, batch).detach().float().expand(size)
+        result = {"loss": loss}
         if logits is not None and "label" in batch:
             result.update(scores=logits.float(), preds=logits.argmax(dim=-1), target=batch["label"])
         elif logits is not None and "labels" in batch:

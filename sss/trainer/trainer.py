@@ -230,8 +230,8 @@ class SSSTrainer:
         loss = None
         for n, (batch, batch_idx) in enumerate(batches):
             parts = split_batch(batch, self.state.batch_splits)
-            size = sum(_batch_size(part) for part in parts)
-            loss = 0.0
+            size = sum(_batch_size(part) for part in parts) if len(parts) > 1 else 1
+            losses = []
             for i, part in enumerate(parts):
                 final = last and n == len(batches) - 1 and i == len(parts) - 1
                 self._in_synced_part = final and self.accelerator.sync_gradients
@@ -242,9 +242,11 @@ class SSSTrainer:
                         raise TypeError(
                             f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}"
                         )
-                    weight = _batch_size(part) / size
-                    self.accelerator.backward(part_loss * weight if len(parts) > 1 else part_loss)
-                loss = loss + part_loss.detach() * weight
+                    if len(parts) > 1:
+                        part_loss = part_loss * (_batch_size(part) / size)
+                    self.accelerator.backward(part_loss)
+                losses.append(part_loss.detach())
+            loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         return loss
 
     def _split_after_oom(self, exc: Exception, batch: Any) -> None:
@@ -503,7 +505,8 @@ class SSSTrainer:
         if module is not self.module:
             own_buffer_storage(module)
             module.trainer = self
-            self.model, self.module = self.accelerator.prepare(_StepRouter(module)), module
+            router = _StepRouter(module).train(module.training)  # validate() restores the mode it found
+            self.model, self.module = self.accelerator.prepare(router), module
         if loader is None and datamodule is not None:
             datamodule.setup(stage)
             loader = getattr(

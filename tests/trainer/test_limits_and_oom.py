@@ -182,3 +182,9 @@ def test_auto_batch_size_replays_a_window_from_the_same_batchnorm_statistics():
     # the first batch (whole) ran once before the OOM and was replayed in two halves: without the
     # restore, BatchNorm would have counted it twice plus the second batch's halves
     assert int(module.image_encoder[1].num_batches_tracked) == 4
+
+
+def test_validate_leaves_the_module_in_the_mode_it_found():
+    module = BoringModule().eval()
+    trainer(max_steps=1).validate(module, dataloaders=boring_loader(n=8))
+    assert not module.training
