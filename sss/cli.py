@@ -56,7 +56,7 @@ def fit(
     except Preempted as stop:
         print(f"sss: {stop}", file=sys.stderr, flush=True)
         return 128 + stop.signum  # the shell's convention for "ended by this signal"
-    except DataError as exc:  # names the manifest, line and file: a traceback adds nothing
+    except (DataError, FileExistsError) as exc:  # they name the file and what to do: a traceback adds nothing
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
