@@ -93,7 +93,9 @@ class ProgressBar(Callback):
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if self._active and trainer.state.eval_metrics:
-            line = "  ".join(f"{k} {v:.4f}" for k, v in trainer.state.eval_metrics.items())
+            # Dataset-level figures only: per-class keys (val/f1/<class>) go to the loggers, not the console.
+            shown = {k: v for k, v in trainer.state.eval_metrics.items() if k.count("/") == 1}
+            line = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
             (self._progress.console.print if self._progress is not None else print)(f"[{trainer.state.stage}] {line}")
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
