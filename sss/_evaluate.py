@@ -41,19 +41,7 @@ def evaluate(
         (10, ['audio_only', 'image_only'])
     """
     run = trainer.validate if split == "val" else trainer.test
-    fused = run(module, datamodule, dataloaders=dataloaders, prefix=split)
-    outputs = trainer.state.eval_outputs
-    result: dict[str, Any] = {
-        "split": split,
-        "samples": len(outputs["loss"]) if "loss" in outputs else None,
-        "metrics": _strip(fused, split),
-        "ablation": {},
-    }
-    if "preds" in outputs and "target" in outputs and "scores" in outputs:
-        from sss.metrics import confusion_matrix
-
-        k = outputs["scores"].shape[-1]
-        result["confusion_matrix"] = confusion_matrix(outputs["preds"].cpu(), outputs["target"].cpu(), k).tolist()
+    result: dict[str, Any] = {"split": split, "ablation": {}}
     modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", ("image", "audio")))
     if ablation and len(modalities) == 2:
         for kept, zeroed in (("image", "audio"), ("audio", "image")):
@@ -61,7 +49,17 @@ def evaluate(
             result["ablation"][f"{kept}_only"] = _strip(
                 run(module, datamodule, dataloaders=dataloaders, prefix=prefix, zero=zeroed), prefix
             )
-    return result
+    # The fused pass last, so that trainer.state (eval_outputs, eval_metrics) describes it afterwards.
+    fused = run(module, datamodule, dataloaders=dataloaders, prefix=split)
+    outputs = trainer.state.eval_outputs
+    result.update(samples=len(outputs["loss"]) if "loss" in outputs else None, metrics=_strip(fused, split))
+    if "preds" in outputs and "target" in outputs and "scores" in outputs:
+        from sss.metrics import confusion_matrix
+
+        k = outputs["scores"].shape[-1]
+        result["confusion_matrix"] = confusion_matrix(outputs["preds"].cpu(), outputs["target"].cpu(), k).tolist()
+    order = ("split", "samples", "metrics", "ablation", "confusion_matrix")
+    return {key: result[key] for key in order if key in result}
 
 
 def flat_results(result: dict[str, Any]) -> dict[str, float]:

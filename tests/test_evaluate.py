@@ -101,3 +101,14 @@ def test_an_undefined_single_modality_value_does_not_decide_the_fusion_gain():
             "ablation": {"image_only": {"event_f1": image}, "audio_only": {"event_f1": audio}},
         }
         assert flat_results(result)["val/fusion_gain_event_f1"] == pytest.approx(0.1)
+
+
+def test_after_evaluate_the_trainer_state_describes_the_fused_pass():
+    from sss import SSSTrainer
+    from sss._evaluate import evaluate
+    from sss.testing import BoringModule, boring_loader
+
+    trainer = SSSTrainer(mixed_precision="no", log={"progress": False, "trackers": []})
+    result = evaluate(trainer, BoringModule(), dataloaders=boring_loader(n=12))
+    assert set(result["ablation"]) == {"image_only", "audio_only"}
+    assert trainer.state.eval_metrics == {f"val/{k}": v for k, v in result["metrics"].items()}
