@@ -23,8 +23,13 @@ def evaluate(
     split: str = "val",
     dataloaders: Any = None,
     ablation: bool = True,
+    reuse_last: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `module` on a split, then (with two modalities and `ablation`) with each modality zeroed.
+
+    With `reuse_last`, the fused figures are those of the trainer's latest pass over the split (the
+    validation at the end of ``fit``, with these weights), and only the ablation passes run.
+    Afterwards ``trainer.state`` (``eval_metrics``, ``eval_outputs``) describes the fused pass.
 
     Returns ``{"split", "samples", "metrics", "ablation": {"image_only": ..., "audio_only": ...},
     "confusion_matrix"}``; metric names carry no prefix. "image only" means the audio was zeroed,
@@ -41,6 +46,8 @@ def evaluate(
         (10, ['audio_only', 'image_only'])
     """
     run = trainer.validate if split == "val" else trainer.test
+    state = trainer.state
+    last = (dict(state.eval_metrics), state.eval_outputs) if reuse_last and state.eval_metrics else None
     result: dict[str, Any] = {"split": split, "ablation": {}}
     modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", ("image", "audio")))
     if ablation and len(modalities) == 2:
@@ -50,8 +57,12 @@ def evaluate(
                 run(module, datamodule, dataloaders=dataloaders, prefix=prefix, zero=zeroed), prefix
             )
     # The fused pass last, so that trainer.state (eval_outputs, eval_metrics) describes it afterwards.
-    fused = run(module, datamodule, dataloaders=dataloaders, prefix=split)
-    outputs = trainer.state.eval_outputs
+    if last is not None:
+        fused, outputs = last
+        state.eval_metrics, state.eval_outputs = last
+    else:
+        fused = run(module, datamodule, dataloaders=dataloaders, prefix=split)
+        outputs = state.eval_outputs
     result.update(samples=len(outputs["loss"]) if "loss" in outputs else None, metrics=_strip(fused, split))
     if "preds" in outputs and "target" in outputs and "scores" in outputs:
         from sss.metrics import confusion_matrix

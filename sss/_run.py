@@ -10,6 +10,7 @@ from typing import Any
 
 from sss._evaluate import evaluate, flat_results, print_evaluation
 from sss._export import export_model
+from sss.callbacks.base import Callback
 from sss.callbacks.checkpoint import complete_checkpoints
 from sss.callbacks.plots import Plots
 from sss.config import SSSConfig, instantiate, to_yaml
@@ -39,7 +40,9 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
         print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in from_data.items()))
     cfg.model = {**cfg.model, **from_data}  # the exported config.yaml must rebuild this very model
     module = instantiate(cfg.model)
-    callbacks = [instantiate(spec) for spec in cfg.callbacks]
+    # First at FIT_END: the callbacks after it (a Hub push, plots) see the per-modality figures.
+    final = _FinalEvaluation(datamodule)
+    callbacks = [final, *(instantiate(spec) for spec in cfg.callbacks)]
     trainer = SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg))
     out = trainer.output_dir
     if state.is_main_process:
@@ -48,11 +51,9 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
         print(f"sss: run {cfg.name!r} -> {out}" + (f" (resuming {ckpt})" if ckpt else ""), flush=True)
     fit_start = time.perf_counter()
     trainer.fit(module, datamodule, ckpt_path=ckpt)
-    fit_seconds = time.perf_counter() - fit_start
+    fit_seconds = time.perf_counter() - fit_start - final.seconds
     results: dict[str, Any] = dict(trainer.state.metrics)
-    evaluation = _final_evaluation(trainer, module, datamodule)
-    if evaluation is not None:
-        results.update(flat_results(evaluation))
+    evaluation = final.result
     model_dir = out / "model"
     if state.is_main_process:
         export_model(module, cfg, results, model_dir, datamodule)
@@ -151,12 +152,19 @@ def _resume_path(out: Path, resume: str | None) -> Path | None:
     return found[-1]
 
 
-def _final_evaluation(trainer: SSSTrainer, module: Any, datamodule: Any) -> dict[str, Any] | None:
-    """The validation split once more, fused and with each modality zeroed (what each carries alone)."""
-    loader = datamodule.val_dataloader() if datamodule is not None and hasattr(datamodule, "val_dataloader") else None
-    if loader is None or not trainer.state.eval_metrics:
-        return None
-    return evaluate(trainer, module, datamodule, split="val")
+class _FinalEvaluation(Callback):
+    """At FIT_END, the validation split once more, fused and with each modality zeroed, into ``state.metrics``."""
+
+    def __init__(self, datamodule: Any) -> None:
+        self.datamodule, self.result, self.seconds = datamodule, None, 0.0
+
+    def on_fit_end(self, trainer: SSSTrainer, module: Any) -> None:
+        if not hasattr(self.datamodule, "val_dataloader") or not trainer.state.eval_metrics:
+            return
+        start = time.perf_counter()
+        self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=True)
+        trainer.state.metrics.update(flat_results(self.result))
+        self.seconds = time.perf_counter() - start
 
 
 def _print_results(name: str, results: dict[str, Any], path: Path) -> None:

@@ -132,10 +132,10 @@ class ModelCheckpoint(Callback):
             self._save(trainer)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        if not self._fitting:  # a standalone validate()/test() ranks no checkpoint
-            return
-        self._validated_step = trainer.state.global_step
         metrics = trainer.state.eval_metrics
+        if not self._fitting or not any(k.startswith("val/") for k in metrics):
+            return  # a standalone validate()/test(), or an ablation pass with its own prefix, ranks nothing
+        self._validated_step = trainer.state.global_step
         if self.keep_best and self.monitor not in metrics and not self._warned_monitor and metrics:
             self._warned_monitor = True
             print(

@@ -218,3 +218,20 @@ def test_every_process_fails_at_fit_start_when_the_hub_is_unreachable(tmp_path):
     ranks = _launch_two(tmp_path, "hub", str(tmp_path / "out"), url)
     for r in ranks:  # rank 1 got the main process's verdict: it neither hung nor trained
         assert r["step"] == 0 and r["error"].startswith(f"HubPush: cannot push to tester/boring on {url}")
+
+
+@pytest.mark.slow
+def test_sss_fit_pushes_a_model_card_with_the_per_modality_figures(hub, tmp_path):
+    from pathlib import Path
+
+    from sss._run import run_fit
+    from sss.config import load_config
+
+    example = Path(__file__).parents[2] / "examples" / "industrial.yaml"
+    short = ["model.name=hunter_tiny", "data.n_train=32", "data.n_val=16", "data.n_test=8", "data.batch_size=8"]
+    cfg = load_config(example, [*short, "trainer.max_steps=2", "trainer.log.progress=false"])
+    cfg.callbacks = [{"_target_": "sss.callbacks.HubPush", "repo_id": REPO, "endpoint": hub.url}]
+    results = run_fit(cfg)
+    card = hub.commits[-1]["files"]["README.md"].decode()
+    assert "val/accuracy_image_only" in card and "val/fusion_gain_accuracy" in card
+    assert results["val/accuracy_audio_only"] == pytest.approx(float(card.split("val/accuracy_audio_only | ")[1][:6]))
