@@ -173,13 +173,17 @@ def _fold_split(rows: list[tuple[int, dict[str, str]]], split: str, fold: int, p
     return keep
 
 
+def _classes_by_id(rows: list[tuple[int, dict[str, str]]], id_column: str, name_column: str) -> list[str]:
+    # Class order = the dataset's own class ids, so label indices match published results.
+    by_id = {int(row[id_column]): row[name_column] for _, row in rows if row.get(id_column, "").isdigit()}
+    return [by_id[k] for k in sorted(by_id)]
+
+
 def _esc50(root: Path, split: str, fold: int | None) -> SplitRows | None:
     fold = 5 if fold is None else fold
     path = root / "meta" / "esc50.csv"
     rows = _read_metadata(path, ("filename", "fold", "target", "category"))
-    # Class order = ESC-50's own target ids, so label indices match published results.
-    by_target = {int(row["target"]): row["category"] for _, row in rows if row.get("target", "").isdigit()}
-    classes = [by_target[k] for k in sorted(by_target)]
+    classes = _classes_by_id(rows, "target", "category")
     kept = [(line, {"audio": f"audio/{row['filename']}", "label": row["category"]}) for line, row in rows]
     chosen = {line for line, _ in _fold_split(rows, split, fold, path)}
     out = [(line, row) for line, row in kept if line in chosen]
@@ -190,8 +194,7 @@ def _urbansound8k(root: Path, split: str, fold: int | None) -> SplitRows | None:
     fold = 10 if fold is None else fold
     path = root / "metadata" / "UrbanSound8K.csv"
     rows = _read_metadata(path, ("slice_file_name", "fold", "classID", "class"))
-    by_id = {int(row["classID"]): row["class"] for _, row in rows if row.get("classID", "").isdigit()}
-    classes = [by_id[k] for k in sorted(by_id)]
+    classes = _classes_by_id(rows, "classID", "class")
     chosen = _fold_split(rows, split, fold, path)
     out = [
         (line, {"audio": f"audio/fold{row['fold']}/{row['slice_file_name']}", "label": row["class"]})

@@ -158,35 +158,19 @@ class HunterModule(LitModule):
             model_kwargs=dict(image_kwargs or {}),
             checkpointing=image_checkpointing,
         )
-        # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
-        frontend = LogMelFrontend(
-            sample_rate=sample_rate,
-            n_fft=sample_rate // 40,
-            hop_length=sample_rate // 100,
-            n_mels=n_mels,
-            f_max=min(8000.0, sample_rate / 2),
-            freq_mask=freq_mask,
-            time_mask=time_mask,
+        audio = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride, "heads": heads}
+        self.audio_encoder: TokenEncoder | None = _audio_encoder(
+            audio_encoder, dim, sample_rate, n_mels, freq_mask, time_mask, mlp_ratio, dropout, audio, audio_kwargs
         )
-        if audio_encoder == "cnn":
-            cnn = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride}
-            self.audio_encoder: TokenEncoder | None = AudioCNN(dim, frontend=frontend, **cnn, **(audio_kwargs or {}))
-        else:
-            ast = {"depth": audio_depth, "heads": heads, "mlp_ratio": mlp_ratio, "dropout": dropout}
-            self.audio_encoder = AudioSpectrogramTransformer(dim, frontend=frontend, **{**ast, **(audio_kwargs or {})})
         # Data with one modality (ESC-50, ISTD, ...): the other encoder would never get a gradient.
         # Built, then dropped, so the weights of the parts kept do not depend on `modalities`.
         if "image" not in self.modalities:
             self.image_encoder = None
         if "audio" not in self.modalities:
             self.audio_encoder = None
-        if fusion == "late":
-            self.fusion_head: nn.Module = LateFusion(dim, num_classes, dropout=dropout)
-        elif fusion == "bottleneck":
-            bottlenecks = num_bottlenecks
-            self.fusion_head = BottleneckFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, bottlenecks)
-        else:
-            self.fusion_head = CrossModalFusion(dim, fusion_depth, heads, num_classes, dropout, mlp_ratio)
+        self.fusion_head: nn.Module = _fusion(
+            fusion, dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks
+        )
         if len(self.modalities) == 1:
             self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
         self.event_head = EventHead(dim, num_event_classes) if num_event_classes > 0 else None
@@ -371,6 +355,52 @@ class HunterModule(LitModule):
         for name in chosen:
             if parts[name] is not None and hasattr(parts[name], "set_grad_checkpointing"):
                 parts[name].set_grad_checkpointing(enabled)
+
+
+def _audio_encoder(
+    name: str,
+    dim: int,
+    sample_rate: int,
+    n_mels: int,
+    freq_mask: int,
+    time_mask: int,
+    mlp_ratio: float,
+    dropout: float,
+    shape: dict[str, int],
+    extra: dict[str, Any] | None,
+) -> TokenEncoder:
+    # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
+    frontend = LogMelFrontend(
+        sample_rate=sample_rate,
+        n_fft=sample_rate // 40,
+        hop_length=sample_rate // 100,
+        n_mels=n_mels,
+        f_max=min(8000.0, sample_rate / 2),
+        freq_mask=freq_mask,
+        time_mask=time_mask,
+    )
+    if name == "cnn":
+        cnn = {"width": shape["width"], "depth": shape["depth"], "stem_stride": shape["stem_stride"]}
+        return AudioCNN(dim, frontend=frontend, **cnn, **(extra or {}))
+    ast = {"depth": shape["depth"], "heads": shape["heads"], "mlp_ratio": mlp_ratio, "dropout": dropout}
+    return AudioSpectrogramTransformer(dim, frontend=frontend, **{**ast, **(extra or {})})
+
+
+def _fusion(
+    name: str,
+    dim: int,
+    depth: int,
+    heads: int,
+    num_classes: int,
+    dropout: float,
+    mlp_ratio: float,
+    num_bottlenecks: int,
+) -> nn.Module:
+    if name == "late":
+        return LateFusion(dim, num_classes, dropout=dropout)
+    if name == "bottleneck":
+        return BottleneckFusion(dim, depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks)
+    return CrossModalFusion(dim, depth, heads, num_classes, dropout, mlp_ratio)
 
 
 def _check_settings(
