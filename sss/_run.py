@@ -163,6 +163,11 @@ class _FinalEvaluation(Callback):
             return
         start = time.perf_counter()
         self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=True)
+        # The ablation passes' full metric sets stay in self.result; the run's metrics (results.json,
+        # model card, Hub push) get the per-modality headline figures and the fusion gain.
+        ablated = {k for k in trainer.state.metrics if k.startswith(("val_image_only/", "val_audio_only/"))}
+        for key in ablated:
+            del trainer.state.metrics[key]
         trainer.state.metrics.update(flat_results(self.result))
         self.seconds = time.perf_counter() - start
 

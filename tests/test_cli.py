@@ -42,6 +42,8 @@ def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
     assert "fused and per modality" in out and "fusion gain" in out and "accuracy" in out
     results = json.loads(Path("runs/industrial/results.json").read_text())
     assert set(results) >= KEYS
+    assert not any(k.startswith(("val_image_only/", "val_audio_only/")) for k in results)  # headline rows only
+    assert "val_image_only" not in out
     assert Path(results["checkpoint_dir"], "trainer_state.json").is_file()
     model_dir = Path(results["model_dir"])
     assert {p.name for p in model_dir.iterdir()} == {
