@@ -14,12 +14,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sss._export import load_model
     from sss.callbacks.base import Callback, Event
     from sss.config import SSSConfig, TrainerConfig, instantiate, load_config
     from sss.data.datamodule import DataModule
+    from sss.model_folder import load_model
     from sss.models.registry import create_model, register_model
-    from sss.notebook import notebook_fit
+    from sss.run.notebook import notebook_fit
     from sss.trainer.module import LitModule
     from sss.trainer.state import TrainState
     from sss.trainer.trainer import SSSTrainer
@@ -49,11 +49,11 @@ _WHERE = {
     "TrainerConfig": "sss.config",
     "instantiate": "sss.config",
     "load_config": "sss.config",
-    "load_model": "sss._export",
+    "load_model": "sss.model_folder",
     "DataModule": "sss.data.datamodule",
     "create_model": "sss.models.registry",
     "register_model": "sss.models.registry",
-    "notebook_fit": "sss.notebook",
+    "notebook_fit": "sss.run.notebook",
     "LitModule": "sss.trainer.module",
     "TrainState": "sss.trainer.state",
     "SSSTrainer": "sss.trainer.trainer",

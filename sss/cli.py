@@ -25,7 +25,8 @@ def fit(
     debug: bool = False,
 ) -> int:
     """Train the model of CONFIG; print a results table and write OUTPUT_DIR/results.json."""
-    cfg = _load_checked(config, overrides)
+    sources: dict[str, str] = {}
+    cfg = _load_checked(config, overrides, sources)
     if cfg is None:
         return EXIT_CONFIG
     flags = {
@@ -33,10 +34,10 @@ def fit(
         "mixed_precision": mixed_precision,
         "gradient_accumulation_steps": gradient_accumulation_steps,
     }
-    from sss._launch import apply_launch_settings
+    from sss.run.launch import apply_launch_settings, relaunch
 
     try:
-        processes = apply_launch_settings(cfg, config, overrides, flags, config_file, debug)
+        processes = apply_launch_settings(cfg, sources, flags, config_file, debug)
     except Exception as exc:  # ConfigError, or a bad value that the config's own checks refuse
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -46,10 +47,10 @@ def fit(
             f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
         ]
         extra = (["--resume", resume] if resume else []) + (["--debug"] if debug else [])
-        return _relaunch(processes, ["fit", config, *overrides, *resolved, *extra])
-    from sss._run import run_fit
+        return relaunch(processes, ["fit", config, *overrides, *resolved, *extra])
     from sss.callbacks.checkpoint import Preempted
     from sss.data import DataError
+    from sss.run.fit import run_fit
 
     try:
         run_fit(cfg, resume=resume)
@@ -95,7 +96,8 @@ def _evaluate(
     no_ablation: bool,
     processes: int | None,
 ) -> int:
-    from sss._evaluate import check_output
+    from sss.run.evaluate import check_output
+    from sss.run.launch import relaunch
 
     if output is not None and "LOCAL_RANK" not in os.environ:
         try:
@@ -106,12 +108,12 @@ def _evaluate(
     if processes and processes > 1 and "LOCAL_RANK" not in os.environ:
         extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
         command = "validate" if split == "val" else "test"
-        return _relaunch(processes, [command, config, *overrides, "--ckpt", ckpt, *extra])
+        return relaunch(processes, [command, config, *overrides, "--ckpt", ckpt, *extra])
     cfg = _load_checked(config, overrides)
     if cfg is None:
         return EXIT_CONFIG
-    from sss._evaluate import run_evaluate
     from sss.data import DataError
+    from sss.run.evaluate import run_evaluate
 
     try:
         run_evaluate(cfg, ckpt, split, output, ablation=not no_ablation)
@@ -123,8 +125,8 @@ def _evaluate(
 
 def predict(model_dir: str, input: str, output: str, batch_size: int = 32) -> int:
     """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest."""
-    from sss._export import predict as run_predict
     from sss.data import DataError
+    from sss.run.predict import predict as run_predict
 
     try:
         path = run_predict(model_dir, input, output, batch_size=batch_size)
@@ -140,7 +142,7 @@ def export(config: str, overrides: list[str], ckpt: str, out: str) -> int:
     cfg = _load_checked(config, overrides)
     if cfg is None:
         return EXIT_CONFIG
-    from sss._export import export_checkpoint
+    from sss.run.export import export_checkpoint
 
     try:
         folder = export_checkpoint(cfg, ckpt, out)
@@ -219,11 +221,11 @@ COMMANDS: dict[str, Callable[..., int]] = {
 }
 
 
-def _load_checked(path: str, overrides: list[str]) -> Any:
+def _load_checked(path: str, overrides: list[str], sources: dict[str, str] | None = None) -> Any:
     from sss.config import ConfigError, check_config, load_config
 
     try:
-        cfg = load_config(path, overrides)
+        cfg = load_config(path, overrides, sources)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
@@ -231,38 +233,6 @@ def _load_checked(path: str, overrides: list[str]) -> Any:
     for error in errors:
         print(f"error: {path}: {error}", file=sys.stderr)
     return None if errors else cfg
-
-
-def _relaunch(num_processes: int, args: list[str]) -> int:
-    # Launch ourselves through Accelerate's launcher, the same as `accelerate launch -m sss ...`.
-    import subprocess
-
-    cmd = launch_command(num_processes, ["-m", "sss", *args])
-    print("sss: launching", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env={**os.environ, "SSS_LAUNCH_RESOLVED": "1"})
-
-
-def launch_command(num_processes: int, target: list[str]) -> list[str]:
-    """The ``accelerate launch`` command line that runs `target` (a script, or ``-m module``) in N processes.
-
-    Example:
-        >>> launch_command(2, ["-m", "sss", "fit", "x.yaml"])[3:6]
-        ['--multi_gpu', '--num_processes', '2']
-    """
-    # --multi_gpu selects torchrun; without GPUs (or with trainer.cpu=true) the processes form a
-    # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
-    multi = ["--multi_gpu"] if num_processes > 1 else ["--cpu"]
-    common = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *multi,
-        "--num_processes",
-        str(num_processes),
-        *common,
-        *target,
-    ]
 
 
 def _parser() -> argparse.ArgumentParser:

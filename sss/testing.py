@@ -9,12 +9,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sss.callbacks.base import Callback, Event
+from sss.data.datamodule import DataModule
 from sss.trainer.module import LitModule
 
 if TYPE_CHECKING:
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["BoringDataset", "BoringModule", "EventRecorder", "boring_loader"]
+__all__ = ["BoringDataModule", "BoringDataset", "BoringModule", "EventRecorder", "boring_loader"]
 
 
 class _Add(nn.Module):
@@ -81,6 +82,27 @@ def boring_loader(
         3
     """
     return torch.utils.data.DataLoader(BoringDataset(n, seed), batch_size=batch_size, shuffle=shuffle)
+
+
+class BoringDataModule(DataModule):
+    """`BoringDataset` train and validation splits as a `DataModule` (classes ``a``, ``b``), for run-layer tests.
+
+    Example:
+        >>> dm = BoringDataModule(n_train=16, batch_size=8)
+        >>> dm.setup("fit"); len(dm.train_dataloader()), dm.classes
+        (2, ['a', 'b'])
+    """
+
+    def __init__(self, n_train: int = 64, n_val: int = 16, batch_size: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        self.classes = ["a", "b"]
+        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return boring_loader(self.n_train, self.batch_size, shuffle=True, seed=self.seed)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return boring_loader(self.n_val, self.batch_size, seed=self.seed + 1)
 
 
 class EventRecorder(Callback):

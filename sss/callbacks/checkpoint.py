@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import threading
@@ -11,29 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.base import Callback
+from sss.checkpoint import MARKER, complete_checkpoints, recover_leftovers
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["ModelCheckpoint", "Preempted", "complete_checkpoints"]
+__all__ = ["ModelCheckpoint", "Preempted"]
 
-_NAME = re.compile(r"^step_(\d{7,})$")
 _SIGNALS = ("SIGTERM", "SIGINT")
-
-
-def complete_checkpoints(folder: str | Path) -> list[Path]:
-    """Complete checkpoint folders (``step_NNNNNNN`` with ``trainer_state.json``), oldest first.
-
-    Example:
-        >>> complete_checkpoints("/nonexistent")
-        []
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / "trainer_state.json").is_file()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
 class Preempted(Exception):
@@ -97,8 +82,6 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------ events
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
-        from sss.trainer._checkpoint_io import recover_leftovers
-
         folder = self.folder(trainer)
         if trainer.accelerator.is_main_process:
             for line in recover_leftovers(folder):
@@ -218,7 +201,7 @@ class ModelCheckpoint(Callback):
 
 
 def _score(checkpoint: Path, monitor: str) -> float | None:
-    meta = json.loads((checkpoint / "trainer_state.json").read_text())
+    meta = json.loads((checkpoint / MARKER).read_text())
     mine = next((c["state"] for c in meta.get("callbacks", []) if c["class"] == "ModelCheckpoint"), {})
     if mine.get("validated_step") != meta.get("global_step"):
         return None  # saved away from a validation: its score is stale

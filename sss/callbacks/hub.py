@@ -181,8 +181,8 @@ def _export(trainer: SSSTrainer, module: LitModule, folder: Path) -> None:
     # run's config.yaml is in OUTPUT_DIR by then); `sss fit` rewrites it later with the same weights.
     config = trainer.output_dir / "config.yaml"
     if config.is_file():
-        from sss._export import export_model
         from sss.config import load_config
+        from sss.model_folder import export_model
 
         export_model(module, load_config(config), dict(trainer.state.metrics), folder, trainer.datamodule)
         return

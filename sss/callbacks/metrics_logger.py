@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,12 +88,19 @@ class MetricsLogger(Callback):
         50
     """
 
-    def __init__(self, every_n_steps: int = 10) -> None:
+    def __init__(self, every_n_steps: int = 10, trackers: Sequence[str] = ("csv", "tensorboard")) -> None:
         self.every_n_steps = every_n_steps
+        self.trackers = list(trackers)
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        from accelerate.tracking import filter_trackers
+
+        accelerator = trainer.accelerator
+        if not accelerator.log_with:  # an Accelerator built with its own log_with keeps it
+            logging_dir = trainer.output_dir / "logs"
+            accelerator.log_with = filter_trackers(make_trackers(self.trackers, logging_dir), logging_dir)
         config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
-        trainer.accelerator.init_trackers(trainer.output_dir.name or "sss", config=config)
+        accelerator.init_trackers(trainer.output_dir.name or "sss", config=config)
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state

@@ -6,11 +6,9 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from sss.trainer.module import _batch_size
-
-__all__ = ["first_batches", "own_buffer_storage", "split_batch"]
+__all__ = ["batch_size", "first_batches", "own_buffer_storage", "split_batch"]
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -25,7 +23,7 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
     """
     if parts == 1:
         return [batch]
-    size = _batch_size(batch)
+    size = batch_size(batch)
     bounds = [math.ceil(i * size / parts) for i in range(parts + 1)]
 
     def piece(value: Any, i: int) -> Any:
@@ -71,3 +69,19 @@ def own_buffer_storage(module: nn.Module) -> None:
         for name, buf in owner.named_buffers(recurse=False):
             if buf is not None and buf.untyped_storage().nbytes() != buf.numel() * buf.element_size():
                 owner._buffers[name] = buf.clone()
+
+
+def batch_size(batch: Any) -> int:
+    """The number of samples in a batch: the first dimension of its first tensor (1 when it has none).
+
+    Example:
+        >>> batch_size({"index": 3, "audio": torch.zeros(5, 1, 16)})
+        5
+    """
+    if isinstance(batch, Tensor):
+        return batch.shape[0] if batch.ndim else 1
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        if isinstance(value, Tensor) and value.ndim > 0:
+            return value.shape[0]
+    return 1

@@ -1,4 +1,4 @@
-"""How `SSSTrainer` is set up: the Accelerator from the config, the precision choice, stock callbacks."""
+"""How `SSSTrainer` is set up: the Accelerator from the config and the precision choice."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from sss.callbacks.base import Callback
 from sss.config import ConfigError, TrainerConfig
 
 __all__ = [
@@ -19,7 +18,6 @@ __all__ = [
     "resolve_precision",
     "use_cpu",
     "with_overrides",
-    "with_stock_callbacks",
 ]
 
 
@@ -88,12 +86,15 @@ def with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerC
 
 
 def build_accelerator(cfg: TrainerConfig) -> Accelerator:
-    """The `Accelerator` of `cfg`: device, resolved precision, accumulation, seedable sampler, trackers, plugins."""
+    """The `Accelerator` of `cfg`: device, resolved precision, accumulation, seedable sampler, plugins.
+
+    Trackers are the `MetricsLogger` callback's: it hands them to this Accelerator when a fit starts.
+    """
     from accelerate import DataLoaderConfiguration, PartialState
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
-    from sss.callbacks.metrics_logger import make_trackers
-    from sss.trainer.sharding import accelerator_plugins, describe
+    from sss.config.sharding import describe
+    from sss.trainer.sharding import accelerator_plugins
 
     cpu = use_cpu(cfg.cpu)
     device = PartialState(cpu=cpu).device
@@ -108,7 +109,6 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
-        log_with=make_trackers(cfg.log.trackers, out / "logs") or None,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
         step_scheduler_with_optimizer=False,
         **plugins,
@@ -118,32 +118,6 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
     if plugins:
         accelerator.print(f"sss: {describe(cfg.fsdp, cfg.deepspeed)}")
     return accelerator
-
-
-def with_stock_callbacks(callbacks: list[Callback], cfg: TrainerConfig) -> list[Callback]:
-    """`callbacks` plus the stock ones the config asks for and the user did not pass; checkpoints last."""
-    from sss.callbacks.checkpoint import ModelCheckpoint
-    from sss.callbacks.metrics_logger import MetricsLogger
-    from sss.callbacks.model_summary import ModelSummary
-    from sss.callbacks.progress import ProgressBar
-    from sss.callbacks.skipped import SkippedRows
-
-    def missing(kind: type) -> bool:
-        return not any(isinstance(c, kind) for c in callbacks)
-
-    stock: list[Callback] = []
-    if cfg.log.summary and cfg.log.progress and missing(ModelSummary):  # part of the console display
-        stock.append(ModelSummary())
-    if cfg.log.progress and missing(ProgressBar):
-        stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
-    if cfg.log.trackers and missing(MetricsLogger):
-        stock.append(MetricsLogger(every_n_steps=cfg.log.every_n_steps))
-    if missing(SkippedRows):
-        stock.append(SkippedRows())
-    ckpt = cfg.checkpoint
-    if (ckpt.every_n_steps or ckpt.every_epoch) and missing(ModelCheckpoint):
-        stock.append(ModelCheckpoint(**dataclasses.asdict(ckpt)))
-    return callbacks + stock  # checkpoints last: they save what the other callbacks just updated
 
 
 def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:

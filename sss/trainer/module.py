@@ -11,7 +11,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["LitModule"]
+__all__ = ["LitModule", "output_logits"]
 
 Batch = dict[str, Any]
 
@@ -105,11 +105,11 @@ class LitModule(nn.Module):
           dataset-level BER needs no full-resolution masks gathered.
         """
         from sss.metrics import mask_counts
-        from sss.trainer._batches import split_batch
+        from sss.trainer._batches import batch_size, split_batch
 
         outputs = self(batch)
-        logits = _logits(outputs)
-        size = logits.shape[0] if logits is not None else _batch_size(batch)
+        logits = output_logits(outputs)
+        size = logits.shape[0] if logits is not None else batch_size(batch)
         accelerator = getattr(self.trainer, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and accelerator.gradient_state.end_of_dataloader:
             # One loss per sample in a last batch that a distributed sampler may have padded with
@@ -213,22 +213,18 @@ class LitModule(nn.Module):
         return groups
 
 
-def _logits(outputs: Any) -> Tensor | None:
+def output_logits(outputs: Any) -> Tensor | None:
+    """The class logits in a module's ``forward`` output: the tensor itself or its ``"logits"`` entry, else None.
+
+    Example:
+        >>> output_logits({"logits": torch.zeros(2, 3)}).shape
+        torch.Size([2, 3])
+    """
     if isinstance(outputs, Tensor):
         return outputs
     if isinstance(outputs, dict) and isinstance(outputs.get("logits"), Tensor):
         return outputs["logits"]
     return None
-
-
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, Tensor):
-        return batch.shape[0] if batch.ndim else 1
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        if isinstance(value, Tensor) and value.ndim > 0:
-            return value.shape[0]
-    return 1
 
 
 def _target_callable(spec: dict[str, Any]) -> Any:

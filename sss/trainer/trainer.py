@@ -22,10 +22,10 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
-from sss.trainer import _checkpoint_io as ckpt_io
-from sss.trainer._batches import first_batches, own_buffer_storage, split_batch
+from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._setup import (
     build_accelerator,
@@ -34,9 +34,8 @@ from sss.trainer._setup import (
     resolve_precision,
     use_cpu,
     with_overrides,
-    with_stock_callbacks,
 )
-from sss.trainer.module import LitModule, _batch_size
+from sss.trainer.module import LitModule
 from sss.trainer.state import TrainState
 
 __all__ = ["SSSTrainer", "resolve_precision", "use_cpu"]
@@ -60,14 +59,14 @@ class _StepRouter(nn.Module):
 class SSSTrainer:
     """Trains a `LitModule`: precision, accumulation, clipping, validation, checkpoints.
 
-    Settings come from a `TrainerConfig` (YAML ``trainer:``) or keyword overrides. Stock
-    callbacks (progress bar, metric logger, checkpoints) are added after yours unless you pass
-    your own instance of the same class or switch them off in the config.
+    Settings come from a `TrainerConfig` (YAML ``trainer:``) or keyword overrides. The trainer
+    runs the callbacks it is given, in order; the stock ones that ``sss fit`` adds from the
+    config (progress bar, metric logger, checkpoints) come from
+    ``sss.callbacks.stock.with_stock_callbacks(callbacks, config)``.
 
     Example:
         >>> from sss.testing import BoringModule, boring_loader
-        >>> trainer = SSSTrainer(max_steps=3, log={"progress": False, "trackers": []},
-        ...                      checkpoint={"every_epoch": False}, mixed_precision="no")  # doctest: +ELLIPSIS
+        >>> trainer = SSSTrainer(max_steps=3, mixed_precision="no")
         sss: mixed precision no
         >>> trainer.fit(BoringModule(), train_dataloaders=boring_loader())
         {}
@@ -103,7 +102,7 @@ class SSSTrainer:
                 "data_seed=SEED) for exact resumes",
                 stacklevel=2,
             )
-        self.callbacks: list[Callback] = with_stock_callbacks(list(callbacks), self.config)
+        self.callbacks: list[Callback] = list(callbacks)
         self.state = TrainState()
         self.module: LitModule | None = None
         self.datamodule: Any = None
@@ -217,7 +216,7 @@ class SSSTrainer:
             if self.config.auto_batch_size:
                 self._window.append((batch, batch_idx))
             state.micro_step += 1
-            state.samples += _batch_size(batch) * accelerator.num_processes
+            state.samples += batch_size(batch) * accelerator.num_processes
             if accelerator.sync_gradients:
                 self._optimizer_step()
                 self._window = []
@@ -230,7 +229,7 @@ class SSSTrainer:
         loss = None
         for n, (batch, batch_idx) in enumerate(batches):
             parts = split_batch(batch, self.state.batch_splits)
-            size = sum(_batch_size(part) for part in parts) if len(parts) > 1 else 1
+            size = sum(batch_size(part) for part in parts) if len(parts) > 1 else 1
             losses = []
             for i, part in enumerate(parts):
                 final = last and n == len(batches) - 1 and i == len(parts) - 1
@@ -243,7 +242,7 @@ class SSSTrainer:
                             f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}"
                         )
                     if len(parts) > 1:
-                        part_loss = part_loss * (_batch_size(part) / size)
+                        part_loss = part_loss * (batch_size(part) / size)
                     self.accelerator.backward(part_loss)
                 losses.append(part_loss.detach())
             loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
@@ -254,7 +253,7 @@ class SSSTrainer:
 
         if not (self.config.auto_batch_size and should_reduce_batch_size(exc)):
             raise exc
-        size, splits = _batch_size(batch), self.state.batch_splits * 2
+        size, splits = batch_size(batch), self.state.batch_splits * 2
         if self._in_synced_part and self.accelerator.num_processes > 1:
             # DDP's reducer cannot redo a step whose synchronising backward failed on one process.
             raise RuntimeError(

@@ -9,6 +9,7 @@ import pytest
 from torch import nn
 
 from sss import Callback, Event, SSSTrainer
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, EventRecorder, boring_loader
 
 QUIET = {"log": {"progress": False, "trackers": []}}
@@ -45,14 +46,16 @@ def _expected(epochs: int, batches: int, window: int, save_every_epoch: bool) ->
 
 def test_event_order_matches_the_map_in_the_event_docstring():
     recorder = EventRecorder()
-    trainer = SSSTrainer(
-        max_epochs=2, gradient_accumulation_steps=2, callbacks=[recorder], mixed_precision="no", **QUIET
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_epochs=2, gradient_accumulation_steps=2, callbacks=[recorder], mixed_precision="no", **QUIET)
     )
     trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=24, batch_size=8), val_dataloaders=boring_loader(n=8))
     assert recorder.events == _expected(epochs=2, batches=3, window=2, save_every_epoch=True)
     # without accumulation, events appear for the first time in the order the docstring lists them
     recorder = EventRecorder()
-    trainer = SSSTrainer(max_epochs=1, callbacks=[recorder], mixed_precision="no", output_dir="second", **QUIET)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_epochs=1, callbacks=[recorder], mixed_precision="no", output_dir="second", **QUIET)
+    )
     trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=16, batch_size=8), val_dataloaders=boring_loader(n=8))
     first_seen = list(dict.fromkeys(recorder.events))
     order = _docstring_order()
@@ -66,8 +69,8 @@ def test_exception_event_fires_and_error_is_reraised():
             raise RuntimeError("boom")
 
     recorder = EventRecorder()
-    trainer = SSSTrainer(
-        max_epochs=1, callbacks=[recorder], mixed_precision="no", checkpoint={"every_epoch": False}, **QUIET
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_epochs=1, callbacks=[recorder], mixed_precision="no", checkpoint={"every_epoch": False}, **QUIET)
     )
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Boom(), train_dataloaders=boring_loader())
@@ -81,7 +84,7 @@ def test_stock_callbacks_come_after_user_callbacks_and_can_be_replaced():
     from sss.callbacks.skipped import SkippedRows
 
     mine = ModelCheckpoint(every_n_steps=5)
-    trainer = SSSTrainer(callbacks=[EventRecorder(), mine], mixed_precision="no")
+    trainer = add_stock_callbacks(SSSTrainer(callbacks=[EventRecorder(), mine], mixed_precision="no"))
     kinds = [type(c) for c in trainer.callbacks]
     assert kinds == [EventRecorder, ModelCheckpoint, ModelSummary, ProgressBar, MetricsLogger, SkippedRows]
     assert trainer.callbacks[1] is mine
@@ -113,12 +116,14 @@ def test_every_callback_survives_two_fits(callback_name, tmp_path):
     cls = getattr(sss.callbacks, callback_name, None) or getattr(sss.testing, callback_name)
     callback = cls()
     for run in range(2):
-        trainer = SSSTrainer(
-            max_steps=3,
-            callbacks=[callback],
-            mixed_precision="no",
-            output_dir=str(tmp_path / f"r{run}"),
-            log={"progress": False, "trackers": ["csv"]},
+        trainer = add_stock_callbacks(
+            SSSTrainer(
+                max_steps=3,
+                callbacks=[callback],
+                mixed_precision="no",
+                output_dir=str(tmp_path / f"r{run}"),
+                log={"progress": False, "trackers": ["csv"]},
+            )
         )
         trainer.fit(BoringModule(), train_dataloaders=boring_loader(), val_dataloaders=boring_loader(n=8))
         assert trainer.state.global_step == 3

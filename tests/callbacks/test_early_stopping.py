@@ -9,6 +9,7 @@ import pytest
 
 from sss import Callback, SSSTrainer
 from sss.callbacks import EarlyStopping
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
 QUIET = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no"}
@@ -30,7 +31,7 @@ class Scripted(BoringModule):
 
 
 def _fit(module, callbacks, epochs=10, ckpt_path=None, **kw):
-    trainer = SSSTrainer(callbacks=callbacks, max_epochs=epochs, **QUIET, **kw)
+    trainer = add_stock_callbacks(SSSTrainer(callbacks=callbacks, max_epochs=epochs, **QUIET, **kw))
     trainer.fit(
         module,
         train_dataloaders=boring_loader(n=16, batch_size=8),

@@ -15,6 +15,7 @@ from safetensors.torch import load as load_safetensors
 
 from sss import Callback, SSSTrainer
 from sss.callbacks import HubPush
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
 TOKEN = "hf_test_token_0123456789"
@@ -111,13 +112,15 @@ def hub(monkeypatch):
 
 
 def _trainer(tmp_path, callbacks, steps=3, checkpoint=None):
-    return SSSTrainer(
-        callbacks=callbacks,
-        max_steps=steps,
-        mixed_precision="no",
-        output_dir=str(tmp_path / "run"),
-        log={"progress": False, "trackers": []},
-        checkpoint=checkpoint or {"every_epoch": False},
+    return add_stock_callbacks(
+        SSSTrainer(
+            callbacks=callbacks,
+            max_steps=steps,
+            mixed_precision="no",
+            output_dir=str(tmp_path / "run"),
+            log={"progress": False, "trackers": []},
+            checkpoint=checkpoint or {"every_epoch": False},
+        )
     )
 
 
@@ -224,8 +227,8 @@ def test_every_process_fails_at_fit_start_when_the_hub_is_unreachable(tmp_path):
 def test_sss_fit_pushes_a_model_card_with_the_per_modality_figures(hub, tmp_path):
     from pathlib import Path
 
-    from sss._run import run_fit
     from sss.config import load_config
+    from sss.run.fit import run_fit
 
     example = Path(__file__).parents[2] / "examples" / "industrial.yaml"
     short = ["model.name=hunter_tiny", "data.n_train=32", "data.n_val=16", "data.n_test=8", "data.batch_size=8"]

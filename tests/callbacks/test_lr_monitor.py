@@ -9,6 +9,7 @@ import torch
 
 from sss import SSSTrainer
 from sss.callbacks import LearningRateMonitor
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
 
@@ -25,13 +26,15 @@ class TwoGroups(BoringModule):
 
 
 def test_all_groups_reach_the_csv_tracker(tmp_path):
-    trainer = SSSTrainer(
-        callbacks=[LearningRateMonitor(log_momentum=True)],
-        max_steps=4,
-        mixed_precision="no",
-        output_dir=str(tmp_path),
-        log={"progress": False, "trackers": ["csv"], "every_n_steps": 2},
-        checkpoint={"every_epoch": False},
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            callbacks=[LearningRateMonitor(log_momentum=True)],
+            max_steps=4,
+            mixed_precision="no",
+            output_dir=str(tmp_path),
+            log={"progress": False, "trackers": ["csv"], "every_n_steps": 2},
+            checkpoint={"every_epoch": False},
+        )
     )
     trainer.fit(TwoGroups(), train_dataloaders=boring_loader())
     rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))

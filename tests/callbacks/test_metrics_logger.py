@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 from sss import Callback, SSSTrainer
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
 
@@ -14,13 +15,15 @@ class Publisher(Callback):
 
 
 def test_published_scalars_reach_the_csv_tracker(tmp_path):
-    trainer = SSSTrainer(
-        max_steps=4,
-        callbacks=[Publisher()],
-        mixed_precision="no",
-        output_dir=str(tmp_path),
-        log={"progress": False, "trackers": ["csv"], "every_n_steps": 2},
-        checkpoint={"every_epoch": False},
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            max_steps=4,
+            callbacks=[Publisher()],
+            mixed_precision="no",
+            output_dir=str(tmp_path),
+            log={"progress": False, "trackers": ["csv"], "every_n_steps": 2},
+            checkpoint={"every_epoch": False},
+        )
     )
     trainer.fit(BoringModule(), train_dataloaders=boring_loader())
     rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))

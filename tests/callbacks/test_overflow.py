@@ -205,7 +205,7 @@ def _launch_two(tmp_path, *args):
     import os
     import subprocess
 
-    from sss.cli import launch_command
+    from sss.run.launch import launch_command
 
     script = tmp_path / "two.py"
     script.write_text(TWO_PROCESS_SCRIPT)

@@ -9,6 +9,7 @@ import torch
 
 from sss import SSSTrainer
 from sss.callbacks import Throughput
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringDataset, BoringModule
 
 
@@ -31,12 +32,14 @@ class SlowStep(BoringModule):
 def _fit(delay, every=4):
     meter = Throughput(every_n_steps=every)
     loader = torch.utils.data.DataLoader(SlowData(delay), batch_size=2)
-    trainer = SSSTrainer(
-        callbacks=[meter],
-        max_steps=8,
-        mixed_precision="no",
-        log={"progress": False, "trackers": []},
-        checkpoint={"every_epoch": False},
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            callbacks=[meter],
+            max_steps=8,
+            mixed_precision="no",
+            log={"progress": False, "trackers": []},
+            checkpoint={"every_epoch": False},
+        )
     )
     trainer.fit(SlowStep(), train_dataloaders=loader)
     return trainer, meter
@@ -61,13 +64,15 @@ def test_health_figures_reach_the_progress_bar_and_the_trackers(capsys, tmp_path
     from sss.callbacks import GradNormMonitor
     from sss.testing import boring_loader
 
-    trainer = SSSTrainer(
-        callbacks=[GradNormMonitor(every_n_steps=2), Throughput(every_n_steps=2)],
-        max_steps=4,
-        mixed_precision="no",
-        output_dir=str(tmp_path),
-        log={"progress": True, "trackers": ["csv"], "every_n_steps": 2},  # the stock bar and logger
-        checkpoint={"every_epoch": False},
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            callbacks=[GradNormMonitor(every_n_steps=2), Throughput(every_n_steps=2)],
+            max_steps=4,
+            mixed_precision="no",
+            output_dir=str(tmp_path),
+            log={"progress": True, "trackers": ["csv"], "every_n_steps": 2},  # the stock bar and logger
+            checkpoint={"every_epoch": False},
+        )
     )
     trainer.fit(SlowStep(), train_dataloaders=boring_loader())
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 0 step")]

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from sss import SSSTrainer, create_model
-from sss._evaluate import evaluate
+from sss.evaluation import evaluate
 
 
 class Samples(torch.utils.data.Dataset):

@@ -2,7 +2,7 @@
 
 Across two launchers, a process that left its gloo group to interpreter exit aborted now and then
 after training ("terminate called without an active exception", 2 of 18 loopback runs), and the
-other launcher then waited minutes for it. `sss fit` (``sss._run.run_fit``) ends with a barrier and
+other launcher then waited minutes for it. `sss fit` (``sss.run.fit.run_fit``) ends with a barrier and
 ``destroy_process_group()`` on every process (0 aborts in 16 runs); so does this script.
 """
 

@@ -33,7 +33,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from sss import Callback, SSSTrainer
-from sss.callbacks.checkpoint import Preempted, complete_checkpoints
+from sss.callbacks.checkpoint import Preempted
+from sss.checkpoint import complete_checkpoints
 from sss.testing import BoringDataset, BoringModule
 
 

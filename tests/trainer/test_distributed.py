@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sss.cli import launch_command
+from sss.run.launch import launch_command
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "ddp_parity.py"
 

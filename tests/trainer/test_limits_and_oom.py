@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sss import SSSTrainer
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringDataset, BoringModule, boring_loader
 from sss.trainer.trainer import split_batch
 
@@ -15,7 +16,7 @@ QUIET = {"log": {"progress": False, "trackers": []}, "checkpoint": {"every_epoch
 
 
 def trainer(**settings) -> SSSTrainer:
-    return SSSTrainer(**{**QUIET, "cpu": True, **settings})
+    return add_stock_callbacks(SSSTrainer(**{**QUIET, "cpu": True, **settings}))
 
 
 def params(module: torch.nn.Module) -> torch.Tensor:
@@ -70,7 +71,9 @@ def test_overfit_batches_trains_and_validates_on_the_same_batches_every_epoch():
 
 def test_fast_dev_run_runs_n_batches_once_and_keeps_nothing(tmp_path):
     module = Counting()
-    t = SSSTrainer(cpu=True, mixed_precision="no", fast_dev_run=2, max_epochs=5, output_dir=str(tmp_path / "run"))
+    t = add_stock_callbacks(
+        SSSTrainer(cpu=True, mixed_precision="no", fast_dev_run=2, max_epochs=5, output_dir=str(tmp_path / "run"))
+    )
     metrics = t.fit(module, train_dataloaders=boring_loader(n=64), val_dataloaders=boring_loader(n=64))
     assert t.state.global_step == 2 and t.state.epoch == 1 and metrics["val/count"] == 16
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "logs").exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sss.cli import launch_command
+from sss.run.launch import launch_command
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 SCRIPT = SCRIPTS / "ddp_parity.py"

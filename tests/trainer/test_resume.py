@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sss.callbacks.checkpoint import complete_checkpoints
-from sss.cli import launch_command
+from sss.checkpoint import complete_checkpoints
+from sss.run.launch import launch_command
 
 SCRIPT = str(Path(__file__).parents[1] / "scripts" / "resume_run.py")
 ENV = {**os.environ, "MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1"}

@@ -10,7 +10,8 @@ import importlib.util
 import pytest
 
 from sss.config import ConfigError
-from sss.trainer.sharding import accelerator_plugins, check_sharding, deepspeed_kwargs, describe, fsdp_kwargs
+from sss.config.sharding import check_sharding, deepspeed_kwargs, describe, fsdp_kwargs
+from sss.trainer.sharding import accelerator_plugins
 
 
 def test_fsdp2_defaults_build_the_plugin():

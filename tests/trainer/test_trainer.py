@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from sss import SSSTrainer, TrainerConfig
-from sss.callbacks.checkpoint import complete_checkpoints
+from sss.callbacks.stock import add_stock_callbacks
+from sss.checkpoint import complete_checkpoints
 from sss.config import ConfigError
 from sss.testing import BoringModule, boring_loader
 from sss.trainer.trainer import resolve_precision
@@ -23,7 +24,7 @@ def _params(module):
 
 
 def test_max_steps_stops_mid_epoch_and_validates_at_the_end():
-    trainer = SSSTrainer(max_steps=5, max_epochs=None, checkpoint={"every_epoch": False}, **QUIET)
+    trainer = add_stock_callbacks(SSSTrainer(max_steps=5, max_epochs=None, checkpoint={"every_epoch": False}, **QUIET))
     metrics = trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=64), val_dataloaders=boring_loader(n=16))
     assert trainer.state.global_step == 5 and trainer.state.epoch == 0 and trainer.state.batch_idx == 4
     assert set(metrics) >= {"val/loss", "val/accuracy", "val/macro_f1", "val/micro_f1", "val/f1/1"}
@@ -38,7 +39,9 @@ def test_max_epochs_and_val_every_n_epochs():
             seen.append(self.trainer.state.epoch)
             return super().compute_metrics(outputs)
 
-    trainer = SSSTrainer(max_epochs=5, val_every_n_epochs=2, checkpoint={"every_epoch": False}, **QUIET)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_epochs=5, val_every_n_epochs=2, checkpoint={"every_epoch": False}, **QUIET)
+    )
     trainer.fit(Spy(), train_dataloaders=boring_loader(n=16), val_dataloaders=boring_loader(n=8))
     assert trainer.state.global_step == 10 and trainer.state.epoch == 5
     assert seen == [1, 3, 4]  # every 2nd epoch, and always the last
@@ -46,12 +49,14 @@ def test_max_epochs_and_val_every_n_epochs():
 
 def test_training_learns_the_boring_task():
     module = BoringModule()
-    trainer = SSSTrainer(
-        max_epochs=12,
-        checkpoint={"every_epoch": False},
-        val_every_n_epochs=12,
-        optim={"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05}},
-        **QUIET,
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            max_epochs=12,
+            checkpoint={"every_epoch": False},
+            val_every_n_epochs=12,
+            optim={"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05}},
+            **QUIET,
+        )
     )
     metrics = trainer.fit(
         module, train_dataloaders=boring_loader(n=64, batch_size=16, shuffle=True), val_dataloaders=boring_loader(n=64)
@@ -66,10 +71,12 @@ def test_parameter_without_gradient_is_named_at_the_first_step():
             self.spare = nn.Linear(2, 2)
 
     with pytest.raises(RuntimeError, match=r"spare\.weight, spare\.bias.*find_unused_parameters"):
-        SSSTrainer(max_steps=2, checkpoint={"every_epoch": False}, **QUIET).fit(
+        add_stock_callbacks(SSSTrainer(max_steps=2, checkpoint={"every_epoch": False}, **QUIET)).fit(
             Unused(), train_dataloaders=boring_loader()
         )
-    trainer = SSSTrainer(max_steps=2, find_unused_parameters=True, checkpoint={"every_epoch": False}, **QUIET)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_steps=2, find_unused_parameters=True, checkpoint={"every_epoch": False}, **QUIET)
+    )
     with pytest.warns(UserWarning, match="spare.weight"):
         trainer.fit(Unused(), train_dataloaders=boring_loader())
     assert trainer.state.global_step == 2
@@ -82,7 +89,9 @@ def test_clipping_records_the_pre_clip_norm_and_clips():
         pass
 
     module = Watch()
-    trainer = SSSTrainer(max_steps=1, max_grad_norm=1e-3, checkpoint={"every_epoch": False}, **QUIET)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_steps=1, max_grad_norm=1e-3, checkpoint={"every_epoch": False}, **QUIET)
+    )
     from sss import Callback
 
     class After(Callback):
@@ -97,9 +106,9 @@ def test_clipping_records_the_pre_clip_norm_and_clips():
 
 def test_unknown_or_bad_settings_are_named():
     with pytest.raises(ConfigError, match="unknown setting 'max_step'"):
-        SSSTrainer(max_step=3)
+        add_stock_callbacks(SSSTrainer(max_step=3))
     with pytest.raises(ConfigError, match=r"trainer\.gradient_accumulation_steps must be >= 1"):
-        SSSTrainer(gradient_accumulation_steps=0)
+        add_stock_callbacks(SSSTrainer(gradient_accumulation_steps=0))
     with pytest.raises(ConfigError, match=r"trainer\.mixed_precision must be one of"):
         TrainerConfig(mixed_precision="fp8")
 
@@ -114,7 +123,7 @@ def test_checkpoints_rotate_refuse_an_earlier_run_and_resume(tmp_path):
     cfg = dict(max_epochs=4, output_dir=out, checkpoint={"every_n_steps": 3, "keep_last": 2}, **QUIET)
     start = BoringModule()
     straight = copy.deepcopy(start)
-    trainer = SSSTrainer(**cfg)
+    trainer = add_stock_callbacks(SSSTrainer(**cfg))
     trainer.fit(straight, train_dataloaders=boring_loader(n=32, shuffle=True))
     kept = complete_checkpoints(tmp_path / "run" / "checkpoints")
     assert [p.name for p in kept] == ["step_0000015", "step_0000016"]  # 16 steps: every 3rd + epoch ends, last 2
@@ -123,13 +132,15 @@ def test_checkpoints_rotate_refuse_an_earlier_run_and_resume(tmp_path):
     assert meta["global_step"] == 16 and meta["resume_epoch"] == 4 and meta["resume_batch"] == 0
 
     with pytest.raises(FileExistsError, match="already holds checkpoints"):
-        SSSTrainer(**cfg).fit(copy.deepcopy(start), train_dataloaders=boring_loader(n=32, shuffle=True))
+        add_stock_callbacks(SSSTrainer(**cfg)).fit(
+            copy.deepcopy(start), train_dataloaders=boring_loader(n=32, shuffle=True)
+        )
 
     # resume the epoch-end checkpoint after epoch 2 in a new run and finish: same weights
-    first = SSSTrainer(**{**cfg, "max_epochs": 2, "output_dir": str(tmp_path / "half")})
+    first = add_stock_callbacks(SSSTrainer(**{**cfg, "max_epochs": 2, "output_dir": str(tmp_path / "half")}))
     first.fit(copy.deepcopy(start), train_dataloaders=boring_loader(n=32, shuffle=True))
     resumed = copy.deepcopy(start)
-    second = SSSTrainer(**{**cfg, "output_dir": str(tmp_path / "half")})
+    second = add_stock_callbacks(SSSTrainer(**{**cfg, "output_dir": str(tmp_path / "half")}))
     second.fit(resumed, train_dataloaders=boring_loader(n=32, shuffle=True), ckpt_path=first.state.last_checkpoint)
     assert second.state.global_step == 16
     assert torch.equal(_params(resumed), _params(straight))
@@ -141,7 +152,9 @@ def test_buffers_that_view_a_longer_storage_still_checkpoint(tmp_path):
     module = BoringModule()
     module.register_buffer("window", torch.hann_window(400))
     assert module.window.untyped_storage().nbytes() > 400 * 4
-    trainer = SSSTrainer(max_steps=2, output_dir=str(tmp_path / "w"), checkpoint={"every_n_steps": 1}, **QUIET)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_steps=2, output_dir=str(tmp_path / "w"), checkpoint={"every_n_steps": 1}, **QUIET)
+    )
     trainer.fit(module, train_dataloaders=boring_loader())
     assert torch.equal(module.window, torch.hann_window(400))
     assert len(complete_checkpoints(tmp_path / "w" / "checkpoints")) == 2
@@ -153,15 +166,15 @@ def test_mid_epoch_resume_is_bitwise_equal_with_a_negative_control(tmp_path):
     start = BoringModule()
     straight = copy.deepcopy(start)
     every3 = {"every_n_steps": 3, "keep_last": None, "every_epoch": False}
-    SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "a"), checkpoint=every3, **quiet).fit(
+    add_stock_callbacks(SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "a"), checkpoint=every3, **quiet)).fit(
         straight, train_dataloaders=boring_loader(n=40, batch_size=8, shuffle=True)
     )
     checkpoints = complete_checkpoints(tmp_path / "a" / "checkpoints")
     assert [p.name for p in checkpoints] == [f"step_{n:07d}" for n in (3, 6, 9, 12, 15)]
     for ckpt in (checkpoints[0], checkpoints[2]):
         resumed = copy.deepcopy(start)
-        trainer = SSSTrainer(
-            max_epochs=3, output_dir=str(tmp_path / ckpt.name), checkpoint={"every_epoch": False}, **quiet
+        trainer = add_stock_callbacks(
+            SSSTrainer(max_epochs=3, output_dir=str(tmp_path / ckpt.name), checkpoint={"every_epoch": False}, **quiet)
         )
         trainer.fit(resumed, train_dataloaders=boring_loader(n=40, batch_size=8, shuffle=True), ckpt_path=ckpt)
         assert trainer.state.global_step == 15
@@ -169,7 +182,9 @@ def test_mid_epoch_resume_is_bitwise_equal_with_a_negative_control(tmp_path):
 
     # Negative control: the same resume with the data position forgotten replays the epoch from its start.
     resumed = copy.deepcopy(start)
-    trainer = SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "control"), checkpoint={"every_epoch": False}, **quiet)
+    trainer = add_stock_callbacks(
+        SSSTrainer(max_epochs=3, output_dir=str(tmp_path / "control"), checkpoint={"every_epoch": False}, **quiet)
+    )
     meta = json.loads((checkpoints[0] / "trainer_state.json").read_text())
     meta["resume_batch"] = 0
     (checkpoints[0] / "trainer_state.json").write_text(json.dumps(meta))

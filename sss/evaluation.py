@@ -1,16 +1,19 @@
-"""Evaluation with a modality ablation, and what ``sss validate`` / ``sss test`` do around it."""
+"""Evaluation with a modality ablation: fused, image only, audio only, and the fusion gain.
+
+`evaluate` runs a trainer's validation or test pass fused and with each modality zeroed;
+`flat_results` names the figures (``val/accuracy_image_only``, ``val/fusion_gain_accuracy``);
+`print_evaluation` shows them as one table. ``sss fit`` ends with it; ``sss validate`` and
+``sss test`` are it on a checkpoint.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from sss.metrics.task import HEADLINE
 
-__all__ = ["check_output", "evaluate", "flat_results", "print_evaluation", "run_evaluate"]
+__all__ = ["LOWER_IS_BETTER", "evaluate", "flat_results", "print_evaluation"]
 
 LOWER_IS_BETTER = ("loss", "ber", "error", "_er")
 
@@ -122,70 +125,6 @@ def print_evaluation(result: dict[str, Any], title: str) -> None:
     Console().print(table)
 
 
-def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: bool = True) -> dict[str, Any]:
-    """``sss validate|test CONFIG --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json."""
-    from accelerate import PartialState
-
-    from sss._export import load_trained_weights
-    from sss._run import _sizes_from_data
-    from sss.config import instantiate
-    from sss.trainer.trainer import SSSTrainer, use_cpu
-
-    state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
-    path = _output_path(cfg, ckpt, split, output) if state.is_main_process else None
-    datamodule = instantiate(cfg.data)
-    if hasattr(datamodule, "setup"):
-        datamodule.setup("fit")  # classes and modalities, as at training time
-    cfg.model = {**cfg.model, **_sizes_from_data(cfg.model, datamodule)}
-    module = instantiate(cfg.model)
-    load_trained_weights(module, ckpt, "Evaluate with the config and overrides it was trained with.")
-    quiet = dataclasses.replace(  # the whole split, whatever the training run limited
-        cfg.trainer,
-        limit_val_batches=None,
-        fast_dev_run=0,
-        overfit_batches=0,
-        log=dataclasses.replace(cfg.trainer.log, progress=False, trackers=[]),
-        checkpoint=dataclasses.replace(cfg.trainer.checkpoint, every_epoch=False, every_n_steps=None),
-    )
-    trainer = SSSTrainer(quiet)
-    result = evaluate(trainer, module, datamodule, split=split, ablation=ablation)
-    result = {"checkpoint": str(ckpt), "config": cfg.name, **result}
-    if state.is_main_process:
-        print_evaluation(result, f"sss {'validate' if split == 'val' else 'test'} {cfg.name}: {ckpt}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_json_safe(result), indent=2))
-        print(f"written to {path}")
-    state.wait_for_everyone()
-    return result
-
-
-def _output_path(cfg: Any, ckpt: str, split: str, output: str | None) -> Path:
-    # An explicit --output that exists is refused; the default, in the run folder the checkpoint
-    # or model folder belongs to, never overwrites an earlier file.
-    if output is not None:
-        check_output(output)
-        return Path(output)
-    ckpt_path = Path(ckpt)
-    if ckpt_path.parent.name == "checkpoints":
-        run = ckpt_path.parent.parent
-    elif (ckpt_path.parent / "results.json").is_file():
-        run = ckpt_path.parent  # OUTPUT_DIR/model
-    else:
-        run = Path(cfg.trainer.output_dir)
-    name, n = f"{split}_{ckpt_path.name}", 0
-    path = run / "eval" / f"{name}.json"
-    while path.exists():
-        n += 1
-        path = run / "eval" / f"{name}_{n}.json"
-    return path
-
-
-def check_output(output: str) -> None:
-    """Refuse an existing ``--output`` file (checked before any process starts)."""
-    if Path(output).exists():
-        raise FileExistsError(f"--output {output} already exists; choose another path or remove it")
-
-
 def _strip(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {key.removeprefix(f"{prefix}/"): value for key, value in metrics.items()}
 
@@ -194,14 +133,3 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
-
-
-def _json_safe(value: Any) -> Any:
-    # JSON has no NaN: an undefined metric (e.g. event F1 of a model that detects nothing) is null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value

@@ -1,4 +1,8 @@
-"""Checkpoint files: durable atomic folders, a pickle-safety check, and the resume config check.
+"""The checkpoint folder format: the marker, atomic commits, finding complete ones, pickle refusal, the resume check.
+
+The trainer writes and reads checkpoints, the checkpoint callback rotates them and the run layer
+finds them: all three use this module rather than repeating the file names.
+
 
 A checkpoint folder is complete when it holds ``trainer_state.json`` (written last) under its
 final name. It is written as ``<name>.tmp``, every file is fsynced, and only then renamed, so a
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ __all__ = [
     "MARKER",
     "check_no_code_on_load",
     "commit_folder",
+    "complete_checkpoints",
     "config_differences",
     "config_hash",
     "get_rng_state",
@@ -28,6 +34,8 @@ __all__ = [
 ]
 
 MARKER = "trainer_state.json"
+"""Written last into a checkpoint folder: a folder without it is not a checkpoint."""
+_NAME = re.compile(r"^step_(\d{7,})$")
 
 # Keys of the run config that do not change the math of the steps still to run: where files go,
 # what is logged or printed, how often checkpoints are taken, and loader plumbing. Everything else
@@ -87,6 +95,20 @@ def commit_folder(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
+def complete_checkpoints(folder: str | Path) -> list[Path]:
+    """Complete checkpoint folders (``step_NNNNNNN`` with ``trainer_state.json``), oldest first.
+
+    Example:
+        >>> complete_checkpoints("/nonexistent")
+        []
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
 def recover_leftovers(folder: Path) -> list[str]:
     """Clean what interrupted saves left in `folder`; returns what was done, one line each.
 
@@ -133,7 +155,7 @@ def check_no_code_on_load(folder: Path) -> None:
         >>> check_no_code_on_load(folder)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        sss.trainer._checkpoint_io.UnsafeCheckpointError: .../custom_checkpoint_0.pkl would run code when loaded (...
+        sss.checkpoint.UnsafeCheckpointError: .../custom_checkpoint_0.pkl would run code when loaded (...
     """
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 

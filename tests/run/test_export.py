@@ -8,10 +8,12 @@ import pytest
 import torch
 
 import sss
-from sss._export import export_checkpoint, export_model
-from sss.callbacks.checkpoint import complete_checkpoints
+from sss.callbacks.stock import add_stock_callbacks
+from sss.checkpoint import complete_checkpoints
 from sss.cli import main
 from sss.config import SSSConfig
+from sss.model_folder import export_model
+from sss.run.export import export_checkpoint
 from sss.testing import BoringModule, boring_loader
 
 CFG = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule", "dim": 8})
@@ -19,12 +21,14 @@ CFG = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule", "d
 
 def _trained(tmp_path) -> tuple[sss.SSSTrainer, BoringModule]:
     module = BoringModule(dim=8)
-    trainer = sss.SSSTrainer(
-        max_steps=6,
-        mixed_precision="no",
-        output_dir=str(tmp_path / "run"),
-        log={"progress": False, "trackers": []},
-        checkpoint={"every_n_steps": 3},
+    trainer = add_stock_callbacks(
+        sss.SSSTrainer(
+            max_steps=6,
+            mixed_precision="no",
+            output_dir=str(tmp_path / "run"),
+            log={"progress": False, "trackers": []},
+            checkpoint={"every_n_steps": 3},
+        )
     )
     trainer.fit(module, train_dataloaders=boring_loader(n=32), val_dataloaders=boring_loader(n=8, seed=1))
     return trainer, module

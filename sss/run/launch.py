@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ __all__ = [
     "Setting",
     "accelerate_config",
     "apply_launch_settings",
-    "explicit_keys",
+    "launch_command",
     "launcher_flags",
+    "relaunch",
     "resolve_launch",
 ]
 
@@ -53,7 +55,7 @@ def accelerate_config(path: str | None = None) -> tuple[dict[str, Any], str | No
         >>> accelerate_config("/nonexistent.yaml")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        sss.config.ConfigError: --config-file /nonexistent.yaml: no such file (write one with ...)
+        sss.config.errors.ConfigError: --config-file /nonexistent.yaml: no such file (write one with ...)
     """
     import yaml
 
@@ -76,21 +78,6 @@ def accelerate_config(path: str | None = None) -> tuple[dict[str, Any], str | No
     if isinstance(accumulation, int):
         values["gradient_accumulation_steps"] = accumulation
     return values, path
-
-
-def explicit_keys(path: str | None, overrides: list[str]) -> set[str]:
-    """Dotted keys the YAML file or the overrides set (those outrank Accelerate's config file).
-
-    Example:
-        >>> sorted(explicit_keys(None, ["trainer.mixed_precision=bf16", "name=x"]))
-        ['name', 'trainer.mixed_precision']
-    """
-    import yaml
-
-    keys = {item.split("=", 1)[0] for item in overrides}
-    if path is not None and Path(path).is_file():
-        keys |= _flat_keys(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
-    return keys
 
 
 def resolve_launch(
@@ -149,21 +136,12 @@ def launcher_flags(file_values: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
-def _flat_keys(data: Any, prefix: str = "") -> set[str]:
-    keys: set[str] = set()
-    if isinstance(data, dict):
-        for key, value in data.items():
-            full = f"{prefix}{key}"
-            keys.add(full)
-            keys |= _flat_keys(value, f"{full}.")
-    return keys
-
-
 def apply_launch_settings(
-    cfg: Any, config: str, overrides: list[str], flags: dict[str, Any], config_file: str | None, debug: bool
+    cfg: Any, sources: dict[str, str], flags: dict[str, Any], config_file: str | None, debug: bool
 ) -> int:
     """Resolve ``sss fit``'s processes, precision and accumulation into `cfg`; print the sources, return the processes.
 
+    `sources` says which keys the YAML or an override set (`sss.config.load_config` fills it).
     Processes that ``sss fit`` launched itself got the resolved values as overrides and only
     apply `debug` (a few batches in fp32 with shapes and anomaly detection, in a folder of its own).
     """
@@ -174,11 +152,10 @@ def apply_launch_settings(
         file_values, file_name = accelerate_config(config_file)
         if "ACCELERATE_MIXED_PRECISION" in os.environ:  # started by the user's own `accelerate launch`
             flags = {**launcher_flags(file_values), **{k: v for k, v in flags.items() if v is not None}}
-        keys = explicit_keys(config, overrides)
         explicit = {
-            "mixed_precision": cfg.trainer.mixed_precision if "trainer.mixed_precision" in keys else None,
+            "mixed_precision": cfg.trainer.mixed_precision if "trainer.mixed_precision" in sources else None,
             "gradient_accumulation_steps": (
-                cfg.trainer.gradient_accumulation_steps if "trainer.gradient_accumulation_steps" in keys else None
+                cfg.trainer.gradient_accumulation_steps if "trainer.gradient_accumulation_steps" in sources else None
             ),
         }
         settings = resolve_launch(flags, explicit, file_values, file_name)
@@ -203,3 +180,39 @@ def apply_launch_settings(
         shown = ", ".join(f"{s.key}={s.value} ({s.source})" for s in settings)
         print(f"sss: {shown}" + (" -> --debug: mixed_precision=no" if debug else ""), flush=True)
     return int(next((s.value for s in settings if s.key == "num_processes"), 1))
+
+
+def relaunch(num_processes: int, args: list[str]) -> int:
+    """Run ``sss ARGS`` in `num_processes` processes through Accelerate's launcher; its exit code.
+
+    The same as ``accelerate launch -m sss ARGS``; the launched processes skip resolving the
+    launch settings again (they get them as overrides).
+    """
+    import subprocess
+
+    cmd = launch_command(num_processes, ["-m", "sss", *args])
+    print("sss: launching", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env={**os.environ, "SSS_LAUNCH_RESOLVED": "1"})
+
+
+def launch_command(num_processes: int, target: list[str]) -> list[str]:
+    """The ``accelerate launch`` command line that runs `target` (a script, or ``-m module``) in N processes.
+
+    Example:
+        >>> launch_command(2, ["-m", "sss", "fit", "x.yaml"])[3:6]
+        ['--multi_gpu', '--num_processes', '2']
+    """
+    # --multi_gpu selects torchrun; without GPUs (or with trainer.cpu=true) the processes form a
+    # gloo group on the CPU. Accelerate's own --cpu flag would start a single process.
+    multi = ["--multi_gpu"] if num_processes > 1 else ["--cpu"]
+    common = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *multi,
+        "--num_processes",
+        str(num_processes),
+        *common,
+        *target,
+    ]

@@ -1,4 +1,4 @@
-"""The portable model folder: export from a module or a checkpoint, load it back, predict with it.
+"""The portable model folder: export a trained module, load it back (`sss.load_model`).
 
 A model folder holds ``model.safetensors`` (weights, no pickle), ``config.yaml`` (the run's
 config: ``model:`` rebuilds the module), ``preprocessing.json`` (classes, task, image size,
@@ -8,20 +8,29 @@ writes one to ``OUTPUT_DIR/model``; ``sss export`` writes one from any checkpoin
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sss.checkpoint import MARKER
 from sss.config import SSSConfig, instantiate, load_config, to_yaml
 
-__all__ = ["export_checkpoint", "export_model", "load_model", "predict", "preprocessing"]
+__all__ = [
+    "PREPROCESSING",
+    "SETTINGS",
+    "WEIGHTS",
+    "export_model",
+    "load_model",
+    "load_trained_weights",
+    "preprocessing",
+]
 
 WEIGHTS = "model.safetensors"
 PREPROCESSING = "preprocessing.json"
-_SETTINGS = ("image_size", "sample_rate", "clip_seconds", "event_frame_rate")
+SETTINGS = ("image_size", "sample_rate", "clip_seconds", "event_frame_rate")
+"""The datamodule settings a model folder records, so that prediction decodes inputs as training did."""
 
 
 def preprocessing(datamodule: Any) -> dict[str, Any]:
@@ -33,7 +42,7 @@ def preprocessing(datamodule: Any) -> dict[str, Any]:
         >>> preprocessing(DM())["classes"]
         ['a', 'b']
     """
-    found = {key: getattr(datamodule, key) for key in _SETTINGS if getattr(datamodule, key, None) is not None}
+    found = {key: getattr(datamodule, key) for key in SETTINGS if getattr(datamodule, key, None) is not None}
     classes = getattr(datamodule, "classes", None)
     return {"classes": list(classes) if classes else None, "task": getattr(datamodule, "task", None) or None, **found}
 
@@ -139,8 +148,6 @@ def load_trained_weights(module: torch.nn.Module, path: str | Path, hint: str) -
     """
     from safetensors.torch import load_file
 
-    from sss.trainer._checkpoint_io import MARKER
-
     path = Path(path)
     if not (path / WEIGHTS).is_file():
         raise FileNotFoundError(
@@ -151,87 +158,3 @@ def load_trained_weights(module: torch.nn.Module, path: str | Path, hint: str) -
     if (path / MARKER).is_file():  # Accelerate saved the trainer's wrapper: its keys start with "module."
         state = {k.removeprefix("module."): v for k, v in state.items()}
     _load_weights(module, state, path / WEIGHTS, hint)
-
-
-def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the model folder of a training checkpoint (``sss export CONFIG --ckpt PATH OUT``).
-
-    The weights come from the checkpoint's ``model.safetensors``; the metrics for the model card
-    from its ``trainer_state.json``. An existing non-empty `out` is refused, never overwritten.
-    """
-
-    from sss.trainer._checkpoint_io import MARKER
-
-    checkpoint, out = Path(checkpoint), Path(out)
-    if not (checkpoint / MARKER).is_file() or not (checkpoint / WEIGHTS).is_file():
-        raise FileNotFoundError(f"{checkpoint} is not a complete sss checkpoint (needs {MARKER} and {WEIGHTS})")
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} already exists and is not empty; choose another folder or remove it")
-    module = instantiate(cfg.model)
-    load_trained_weights(module, checkpoint, "Export with the config and overrides it was trained with.")
-    meta = json.loads((checkpoint / MARKER).read_text())
-    datamodule = instantiate(cfg.data) if cfg.data else None
-    if datamodule is not None and hasattr(datamodule, "setup"):
-        datamodule.setup("fit")  # settings such as an inferred clip length are known after setup
-    return export_model(module, cfg, dict(meta.get("metrics", {})), out, datamodule)
-
-
-def predict(
-    model_dir: str | Path, manifest: str | Path, output: str | Path, batch_size: int = 32, device: str = "cpu"
-) -> Path:
-    """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
-
-    `manifest` is a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns,
-    paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
-    model folder's ``preprocessing.json``. Columns: ``row`` (the manifest line), the input paths,
-    ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one
-    ``prob_<class>`` per class.
-    """
-    from torch.utils.data import DataLoader
-
-    from sss.data.manifest import ManifestDataset, collate
-    from sss.trainer.module import _logits
-
-    model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
-    if output.exists():
-        raise FileExistsError(f"{output} already exists; choose another --output or remove it")
-    prep_file = model_dir / PREPROCESSING
-    prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
-    module = load_model(model_dir, device)
-    settings = {key: prep[key] for key in _SETTINGS if key in prep}
-    dataset = ManifestDataset(
-        manifest.parent, manifest.stem, classes=prep.get("classes"), require_label=False, **settings
-    )
-    classes = prep.get("classes") or dataset.classes
-    multilabel = prep.get("task") == "multilabel"
-    rows = []
-    with torch.no_grad():
-        for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate)):
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            logits = _logits(module.predict_step(batch, i))
-            if logits is None:
-                raise RuntimeError(f"{type(module).__name__}.predict_step returned no class logits to write")
-            probs = (logits.sigmoid() if multilabel else logits.softmax(-1)).float().cpu()
-            for index, p in zip(batch["index"].tolist(), probs, strict=True):
-                rows.append((index, p))
-    names = classes or [str(k) for k in range(probs.shape[-1])]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
-        for index, p in rows:
-            top = (
-                ";".join(c for c, q in zip(names, p, strict=True) if q > 0.5) if multilabel else names[int(p.argmax())]
-            )
-            inputs = [_relative(getattr(dataset, key), index, manifest.parent) for key in ("images", "audio")]
-            writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
-    return output
-
-
-def _relative(paths: list[str], index: int, root: Path) -> str:
-    if index >= len(paths) or not paths[index]:
-        return ""
-    try:
-        return str(Path(paths[index]).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(paths[index])

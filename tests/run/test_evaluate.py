@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sss._evaluate import _json_safe, flat_results
 from sss.cli import main
+from sss.evaluation import flat_results
+from sss.run.evaluate import _json_safe
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
 SHORT = [
     "model.name=hunter_tiny",
@@ -105,7 +106,7 @@ def test_an_undefined_single_modality_value_does_not_decide_the_fusion_gain():
 
 def test_after_evaluate_the_trainer_state_describes_the_fused_pass():
     from sss import SSSTrainer
-    from sss._evaluate import evaluate
+    from sss.evaluation import evaluate
     from sss.testing import BoringModule, boring_loader
 
     trainer = SSSTrainer(mixed_precision="no", log={"progress": False, "trackers": []})

@@ -1,4 +1,4 @@
-"""What ``sss fit`` does around `SSSTrainer.fit`: build the parts, pick the output folder, export, report."""
+"""``sss fit``: build the parts, pick the output folder, train, evaluate per modality, export, report."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sss._evaluate import evaluate, flat_results, print_evaluation
-from sss._export import export_model
 from sss.callbacks.base import Callback
-from sss.callbacks.checkpoint import complete_checkpoints
 from sss.callbacks.plots import Plots
+from sss.callbacks.stock import add_stock_callbacks
+from sss.checkpoint import MARKER, complete_checkpoints
 from sss.config import SSSConfig, instantiate, to_yaml
+from sss.evaluation import evaluate, flat_results, print_evaluation
+from sss.model_folder import export_model
+from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer, use_cpu
 
 __all__ = ["run_fit"]
@@ -25,25 +27,19 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     `resume` is ``"latest"`` (newest complete checkpoint in OUTPUT_DIR) or a checkpoint path.
     """
     from accelerate import PartialState
-    from accelerate.utils import set_seed
 
     wall_start = time.perf_counter()
     state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
     cfg.trainer.output_dir = _output_dir(cfg, resume, state)
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume)
-    datamodule = instantiate(cfg.data)
-    if hasattr(datamodule, "setup"):
-        datamodule.setup("fit")  # reads (or makes) the data: classes and modalities are known after it
-    set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
-    from_data = _sizes_from_data(cfg.model, datamodule)
-    if from_data and state.is_main_process:
-        print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in from_data.items()))
-    cfg.model = {**cfg.model, **from_data}  # the exported config.yaml must rebuild this very model
-    module = instantiate(cfg.model)
+    parts = build_parts(cfg)
+    datamodule, module = parts.datamodule, parts.module
+    if parts.from_data and state.is_main_process:
+        print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in parts.from_data.items()))
     # First at FIT_END: the callbacks after it (a Hub push, plots) see the per-modality figures.
     final = _FinalEvaluation(datamodule)
     callbacks = [final, *(instantiate(spec) for spec in cfg.callbacks)]
-    trainer = SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg))
+    trainer = add_stock_callbacks(SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg)))
     out = trainer.output_dir
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -88,22 +84,6 @@ def _write_config(out: Path, cfg: SSSConfig, ckpt: Path | None) -> None:
         (out / f"config_resumed_{ckpt.name}.yaml").write_text(text)
 
 
-def _sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:
-    # examples/manifest.yaml leaves num_classes out: any folder works, and the head matches its
-    # classes (ManifestDataModule knows them right after construction). For the registry's models,
-    # data with one modality also decides which encoders exist (ESC-50 has no images).
-    sizes: dict[str, Any] = {}
-    classes = getattr(datamodule, "classes", None)
-    if "num_classes" not in spec and classes:
-        sizes["num_classes"] = len(classes)
-    modalities = tuple(getattr(datamodule, "modalities", ()) or ())
-    if spec.get("_target_") == "sss.models.create_model" and "modalities" not in spec and len(modalities) == 1:
-        sizes["modalities"] = list(modalities)
-        if "fusion" not in spec:
-            sizes["fusion"] = "late"  # there is nothing to attend across
-    return sizes
-
-
 def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> str:
     # A fresh run never writes into an earlier run's folder: the default runs/<name> moves on to
     # runs/<name>_1, _2, ...; an explicit trainer.output_dir that is taken is refused by the
@@ -141,8 +121,8 @@ def _resume_path(out: Path, resume: str | None) -> Path | None:
         return None
     if resume != "latest":
         path = Path(resume)
-        if not (path / "trainer_state.json").is_file():
-            raise SystemExit(f"error: --resume {resume}: not a complete sss checkpoint folder (no trainer_state.json)")
+        if not (path / MARKER).is_file():
+            raise SystemExit(f"error: --resume {resume}: not a complete sss checkpoint folder (no {MARKER})")
         return path
     found = complete_checkpoints(out / "checkpoints")
     if not found:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sss._launch import accelerate_config, explicit_keys, launcher_flags, resolve_launch
 from sss.cli import main
-from sss.config import ConfigError
+from sss.config import ConfigError, load_config
+from sss.run.launch import accelerate_config, launcher_flags, resolve_launch
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
 SHORT = ["model.name=hunter_tiny", "data.n_train=32", "data.n_val=8", "data.n_test=8", "data.batch_size=8"]
 
@@ -55,7 +55,11 @@ def test_accelerate_config_file_values(tmp_path):
 def test_explicit_keys_come_from_the_yaml_and_the_overrides(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("trainer:\n  gradient_accumulation_steps: 2\n")
-    assert {"trainer", "trainer.gradient_accumulation_steps", "name"} <= explicit_keys(str(path), ["name=a"])
+    sources: dict[str, str] = {}
+    load_config(path, ["name=a"], sources)
+    assert {"trainer", "trainer.gradient_accumulation_steps", "name"} <= set(sources)
+    assert sources["trainer.gradient_accumulation_steps"] == str(path) and sources["name"] == "override"
+    assert "trainer.mixed_precision" not in sources  # left at its default
 
 
 def test_a_user_accelerate_launch_flag_is_told_from_its_config_file(monkeypatch):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from sss.config import ConfigError, load_config
-from sss.notebook import _load, notebook_fit
+from sss.run.notebook import _load, notebook_fit
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
 TINY = [
     "model.name=hunter_tiny",
@@ -34,7 +34,7 @@ TINY = [
 SCRIPT = f"""
 import json
 from accelerate import PartialState
-from sss.notebook import notebook_fit
+from sss.run.notebook import notebook_fit
 one = notebook_fit({EXAMPLE!r}, overrides={TINY!r})
 PartialState(cpu=True)
 two = notebook_fit({EXAMPLE!r}, num_processes=2, overrides={TINY!r})

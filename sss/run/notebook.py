@@ -34,7 +34,7 @@ def notebook_fit(
         >>> notebook_fit({"model": {"_target_": "sss.testing.BoringModule"}}, overrides=["trainer.max_steps=1"])
         Traceback (most recent call last):
         ...
-        sss.config.ConfigError: notebook config: data: missing; add a data: section with a _target_
+        sss.config.errors.ConfigError: notebook config: data: missing; add a data: section with a _target_
     """
     cfg = _load(config, overrides)
     if num_processes < 1:
@@ -97,7 +97,7 @@ def _launch(cfg: SSSConfig, resume: str | None, out: str, num_processes: int) ->
 def _fit_and_report(cfg: SSSConfig, resume: str | None, out: str) -> None:
     # Runs in every launched process (Accelerate splits the CPU cores among them); run_fit returns
     # the same results on each, and the main one writes them for the kernel.
-    from sss._run import run_fit
+    from sss.run.fit import run_fit
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _reset_accelerate_state()  # a forked copy of the kernel's one-process state would keep it out of the group

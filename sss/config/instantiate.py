@@ -7,9 +7,12 @@ import importlib
 import inspect
 import typing
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["check_target", "instantiate", "resolve_target"]
+if TYPE_CHECKING:
+    from sss.config.schema import SSSConfig
+
+__all__ = ["check_config", "check_target", "instantiate", "resolve_target"]
 
 # Arguments the framework passes when it builds a part, so a YAML spec may leave them out.
 RUNTIME_ARGS: dict[str, frozenset[str]] = {
@@ -172,3 +175,25 @@ def _fits(value: Any, t: type) -> bool:
     if t is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, t)
+
+
+def check_config(config: SSSConfig) -> list[str]:
+    """Problems of the pluggable parts (model, data, optimizer, scheduler, callbacks), each naming its key.
+
+    Example:
+        >>> from sss.config import load_config
+        >>> check_config(load_config(None, ["model._target_=sss.models.create_model", "model.name=nope"]))[:1]
+        ["model.name: unknown model 'nope'. ..."]
+    """
+    errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
+    if config.model:
+        errors += check_target(config.model, "model")
+    errors += (
+        check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
+    )
+    errors += check_target(config.trainer.optim.optimizer, "trainer.optim.optimizer")
+    if config.trainer.optim.scheduler is not None:
+        errors += check_target(config.trainer.optim.scheduler, "trainer.optim.scheduler")
+    for i, spec in enumerate(config.callbacks):
+        errors += check_target(spec, f"callbacks[{i}]")
+    return errors

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "industrial.yaml"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "industrial.yaml"
 
 
 @pytest.mark.slow

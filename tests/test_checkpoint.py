@@ -9,17 +9,18 @@ import pytest
 import torch
 
 from sss import SSSTrainer
-from sss.callbacks.checkpoint import complete_checkpoints
-from sss.config import ConfigError
-from sss.testing import BoringModule, boring_loader
-from sss.trainer._checkpoint_io import (
+from sss.callbacks.stock import add_stock_callbacks
+from sss.checkpoint import (
     MARKER,
     UnsafeCheckpointError,
     check_no_code_on_load,
     commit_folder,
+    complete_checkpoints,
     config_differences,
     recover_leftovers,
 )
+from sss.config import ConfigError
+from sss.testing import BoringModule, boring_loader
 
 
 def _trainer(tmp_path, **overrides):
@@ -31,7 +32,7 @@ def _trainer(tmp_path, **overrides):
         checkpoint={"every_n_steps": 2},
     )
     settings.update(overrides)
-    return SSSTrainer(**settings)
+    return add_stock_callbacks(SSSTrainer(**settings))
 
 
 def _first_run(tmp_path):

@@ -1,0 +1,199 @@
+"""The config schema: typed dataclasses, one per YAML section, each field documented under it.
+
+Each field's docstring feeds ``sss fit --help``. Checks of single fields and across fields live
+in ``__post_init__`` and name the YAML key. Pluggable parts (model, data, optimizer, scheduler,
+callbacks) are ``_target_`` specs, checked by `sss.config.check_config` without building.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sss.config.errors import ConfigError, require
+from sss.config.sharding import check_sharding
+
+__all__ = ["PRECISIONS", "CheckpointConfig", "ConfigError", "LogConfig", "OptimConfig", "SSSConfig", "TrainerConfig"]
+
+PRECISIONS = ("auto", "no", "fp16", "bf16")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule, built by `LitModule.configure_optimizers`.
+
+    Example:
+        >>> OptimConfig().optimizer["_target_"]
+        'torch.optim.AdamW'
+    """
+
+    optimizer: dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01}
+    )
+    """``_target_`` spec of the optimizer; the parameters are passed by the module."""
+    scheduler: dict[str, Any] | None = None
+    """``_target_`` spec of an LR scheduler stepped once per optimizer step (it receives the optimizer,
+    and ``total_steps`` when it takes one), e.g. ``{_target_: sss.trainer.cosine_with_warmup, warmup_steps: 50}``."""
+
+
+@dataclass
+class CheckpointConfig:
+    """When the stock checkpoint callback saves ``OUTPUT_DIR/checkpoints/step_NNNNNNN``.
+
+    Example:
+        >>> CheckpointConfig(every_n_steps=100).every_n_steps
+        100
+    """
+
+    every_n_steps: int | None = None
+    """Save every N optimizer steps (null: not by steps)."""
+    every_epoch: bool = True
+    """Save at the end of each epoch, after validation."""
+    keep_last: int | None = 3
+    """Keep the newest N checkpoints (null: keep all)."""
+    keep_best: int = 0
+    """Also keep the best N checkpoints by `monitor` (0: none); only checkpoints saved right after a validation rank."""
+    monitor: str = "val/loss"
+    """The metric that ranks checkpoints for keep_best, e.g. val/accuracy."""
+    mode: str = "min"
+    """min | max: whether a lower or a higher `monitor` is better."""
+    on_signal: bool = True
+    """On SIGTERM/SIGINT finish the current optimizer step, save a checkpoint and stop (preemption)."""
+
+    def __post_init__(self) -> None:
+        require(self.every_n_steps is None or self.every_n_steps >= 1, "trainer.checkpoint.every_n_steps must be >= 1")
+        require(self.keep_last is None or self.keep_last >= 1, "trainer.checkpoint.keep_last must be >= 1 (or null)")
+        require(self.keep_best >= 0, f"trainer.checkpoint.keep_best must be >= 0, got {self.keep_best}")
+        require(self.mode in ("min", "max"), f"trainer.checkpoint.mode must be min or max, got {self.mode!r}")
+
+
+@dataclass
+class LogConfig:
+    """Progress display and metric logging.
+
+    Example:
+        >>> LogConfig(progress=False).progress
+        False
+    """
+
+    progress: bool = True
+    """Show a progress bar (plain lines when stdout is not a terminal)."""
+    summary: bool = True
+    """With the progress display, print the model summary at fit start: parameters and multiply-adds per branch."""
+    every_n_steps: int = 10
+    """Log training metrics every N optimizer steps."""
+    trackers: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
+    """Accelerate trackers: ``csv`` (always available), ``tensorboard`` (used when installed), ``wandb``, ...;
+    an empty list turns metric logging off."""
+
+    def __post_init__(self) -> None:
+        require(self.every_n_steps >= 1, f"log.every_n_steps must be >= 1, got {self.every_n_steps}")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything `SSSTrainer` needs; YAML section ``trainer:``.
+
+    Example:
+        >>> TrainerConfig(max_steps=100, gradient_accumulation_steps=2).max_steps
+        100
+    """
+
+    max_epochs: int | None = 10
+    """Epochs to train (null: until max_steps)."""
+    max_steps: int | None = None
+    """Optimizer steps to train; stops at whichever of max_epochs and max_steps comes first."""
+    mixed_precision: str = "auto"
+    """auto | no | fp16 | bf16. auto: bf16 on a CUDA device that supports it, fp16 on other CUDA devices, else no."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (a short last window is averaged over its real size)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value (null: no clipping and no grad_norm)."""
+    seed: int = 42
+    """Seed of model init, data order and augmentation."""
+    output_dir: str | None = None
+    """Where checkpoints, logs and the exported model go (null: runs/<config name>)."""
+    val_every_n_epochs: int = 1
+    """Validate every N epochs, and always when training ends."""
+    find_unused_parameters: bool = False
+    """Allow parameters that get no gradient (DDP's find_unused_parameters); otherwise they are an error."""
+    cpu: bool = False
+    """Train on the CPU even when a GPU is present."""
+    limit_train_batches: int | None = None
+    """Train on at most N batches per epoch (null: all); the epoch's last window still steps."""
+    limit_val_batches: int | None = None
+    """Evaluate on at most N batches (null: all)."""
+    overfit_batches: int = 0
+    """Train and validate on the same first N training batches every epoch (0: off); a model that cannot
+    fit them has a bug."""
+    fast_dev_run: int = 0
+    """Smoke test: N training and N validation batches, one epoch, no checkpoints or trackers (0: off)."""
+    auto_batch_size: bool = False
+    """On out-of-memory, split each batch into twice as many micro-batches (the effective batch and the
+    math stay the same) and retry; the split is kept for the rest of the run and in checkpoints."""
+    compile: bool = False
+    """torch.compile the module (in place: checkpoints keep their parameter names)."""
+    fsdp: dict[str, Any] | None = None
+    """FSDP settings passed to Accelerate's FullyShardedDataParallelPlugin (GPUs only); see docs/distributed.md."""
+    deepspeed: dict[str, Any] | None = None
+    """DeepSpeed ZeRO settings passed to Accelerate's DeepSpeedPlugin (GPUs only); see docs/distributed.md."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        require(
+            self.max_epochs is not None or self.max_steps is not None,
+            "trainer.max_epochs and trainer.max_steps are both null: set at least one",
+        )
+        require(
+            self.max_epochs is None or self.max_epochs >= 1, f"trainer.max_epochs must be >= 1, got {self.max_epochs}"
+        )
+        require(self.max_steps is None or self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
+        require(
+            self.mixed_precision in PRECISIONS,
+            f"trainer.mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}",
+        )
+        require(
+            self.gradient_accumulation_steps >= 1,
+            f"trainer.gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}",
+        )
+        require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}",
+        )
+        require(self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}")
+        for key in ("limit_train_batches", "limit_val_batches"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, f"trainer.{key} must be >= 1 (or null for all), got {value}")
+        for key in ("overfit_batches", "fast_dev_run"):
+            value = getattr(self, key)
+            require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
+        if self.fsdp is not None or self.deepspeed is not None:
+            check_sharding(self.fsdp, self.deepspeed)
+        require(
+            not (self.auto_batch_size and self.deepspeed),
+            "trainer.auto_batch_size does not work with trainer.deepspeed (DeepSpeed steps inside backward): "
+            "set data.batch_size and trainer.gradient_accumulation_steps yourself",
+        )
+
+
+@dataclass
+class SSSConfig:
+    """A whole run: trainer settings plus the pluggable model, data and callbacks.
+
+    Example:
+        >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.models.create_model", "name": "hunter_tiny"})
+        >>> cfg.trainer.mixed_precision
+        'auto'
+    """
+
+    name: str = ""
+    """Run name (default: the config file's stem); output goes to runs/<name> unless trainer.output_dir is set."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: dict[str, Any] = field(default_factory=dict)
+    """``_target_`` spec of the LitModule, e.g. ``{_target_: sss.models.create_model, name: hunter_small}``."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """``_target_`` spec of the DataModule."""
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    """``_target_`` specs of extra callbacks, run in this order before the stock ones."""

@@ -1,0 +1,31 @@
+"""``sss export``: the model folder of a training checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sss.checkpoint import MARKER
+from sss.config import SSSConfig
+from sss.model_folder import WEIGHTS, export_model, load_trained_weights
+from sss.run.parts import build_parts
+
+__all__ = ["export_checkpoint"]
+
+
+def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -> Path:
+    """Write the model folder of a training checkpoint (``sss export CONFIG --ckpt PATH OUT``).
+
+    The weights come from the checkpoint's ``model.safetensors``; the metrics for the model card
+    from its ``trainer_state.json``. An existing non-empty `out` is refused, never overwritten.
+    """
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if not (checkpoint / MARKER).is_file() or not (checkpoint / WEIGHTS).is_file():
+        raise FileNotFoundError(f"{checkpoint} is not a complete sss checkpoint (needs {MARKER} and {WEIGHTS})")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} already exists and is not empty; choose another folder or remove it")
+    parts = build_parts(cfg)  # also the settings that come from the data, such as an inferred clip length
+    load_trained_weights(parts.module, checkpoint, "Export with the config and overrides it was trained with.")
+    meta = json.loads((checkpoint / MARKER).read_text())
+    return export_model(parts.module, cfg, dict(meta.get("metrics", {})), out, parts.datamodule)

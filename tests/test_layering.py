@@ -1,0 +1,115 @@
+"""The house plan, checked: imports between `sss` modules form no cycle and point down the layers.
+
+Every ``import`` statement that runs counts, also those inside functions (a lazy import is still a
+dependency). Imports under ``if TYPE_CHECKING:`` do not: they never run, and a contract that
+names its user in annotations (a `Callback` method takes the `SSSTrainer`) is how a two-way
+protocol is typed, not a dependency of the code.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import sss
+
+ROOT = Path(sss.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from sss import checkpoint` imports the module sss.checkpoint, not the package's names.
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [node.module, *subs]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t in modules and t != name}
+        # A package's own __init__ re-exporting its modules is how it presents them, not a dependency.
+        graph[name] = {t for t in found if not (name != "sss" and t.startswith(name + "."))}
+    return graph
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    # Depth-first search; each back edge closes one cycle.
+    found, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_among_sss_modules():
+    cycles = _cycles(_imports())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # Negative control: the check above would see a real cycle.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_trainer_knows_only_the_callback_contract():
+    graph = _imports()
+    trainer_modules = [m for m in graph if m.startswith("sss.trainer")]
+    assert trainer_modules
+    reached = {(m, t) for m in trainer_modules for t in graph[m] if t.startswith("sss.callbacks")}
+    assert {t for _, t in reached} <= {"sss.callbacks.base"}, sorted(reached)
+
+
+def test_config_imports_nothing_from_the_trainer_or_the_run_layer():
+    graph = _imports()
+    bad = {(m, t) for m in graph if m.startswith("sss.config") for t in graph[m]}
+    bad = {(m, t) for m, t in bad if t.startswith(("sss.trainer", "sss.run", "sss.callbacks", "sss.cli"))}
+    assert not bad, sorted(bad)
+
+
+def test_layers_point_down():
+    # cli -> run -> trainer/callbacks/evaluation/model_folder -> models/data/metrics -> checkpoint/config
+    graph = _imports()
+    below_run = [m for m in graph if not m.startswith(("sss.run", "sss.cli")) and m not in ("sss", "sss.__main__")]
+    up = {(m, t) for m in below_run for t in graph[m] if t.startswith(("sss.run", "sss.cli"))}
+    assert not up, sorted(up)
+
+
+def test_no_private_name_is_imported_across_modules():
+    private = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sss"):
+                other_package = node.module.rsplit(".", 1)[0] != _module_name(path).rsplit(".", 1)[0]
+                for alias in node.names:
+                    if alias.name.startswith("_") and other_package:
+                        private.append(f"{_module_name(path)}: from {node.module} import {alias.name}")
+    assert not private, "\n".join(private)
