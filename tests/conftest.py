@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-# Pin MKL's floating-point path before torch loads it (shared/design PITFALLS §D), as `sss` does.
+# Pin MKL's floating-point path before torch loads it (a fresh process may take another one), as `sss` does.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest

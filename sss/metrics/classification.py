@@ -2,7 +2,7 @@
 
 The functions take the whole evaluation set at once, already gathered from every process with
 ``accelerator.gather_for_metrics``, and return plain floats ready for a logger. Definitions follow
-shared/design DOMAIN §2.1-2.3: macro-F1 averages over *all* classes with an undefined F1 counted as 0
+the literature's definitions: macro-F1 averages over *all* classes with an undefined F1 counted as 0
 (sklearn's ``zero_division=0``), mAP averages AP over the classes that have at least one positive.
 """
 
@@ -186,7 +186,7 @@ def _f1_metrics(tp: Tensor, fp: Tensor, fn: Tensor, names: list[str]) -> dict[st
     """Macro/micro F1 and per-class precision, recall, F1 from per-class counts; 0/0 counts as 0.
 
     Computed from counts rather than with torchmetrics' ``average="macro"``, which drops classes
-    with TP + FP + FN = 0 from the mean where DOMAIN §2.2 (and sklearn with ``labels``) keeps them as 0.
+    with TP + FP + FN = 0 from the mean where the usual definition (and sklearn with ``labels``) keeps them as 0.
     """
     tp, fp, fn = tp.double(), fp.double(), fn.double()
     precision, recall, f1 = _ratio(tp, tp + fp), _ratio(tp, tp + fn), _ratio(2 * tp, 2 * tp + fp + fn)

@@ -1,7 +1,7 @@
 """Sound event detection metrics: frame probabilities to events, then segment- and event-based scores.
 
 The scores are those of Mesaros, Heittola & Virtanen (Appl. Sci. 2016) computed exactly as sed_eval
-0.2.1 does (shared/design DOMAIN §2.4), including its conventions: precision is ``nan`` without any
+0.2.1 does (the DCASE reference implementation), including its conventions: precision is ``nan`` without any
 system event, recall and the error rates are ``nan`` without any reference event, and the class-wise
 F-score is the nan-mean over classes. sed_eval itself is only a test dependency.
 

@@ -2,7 +2,7 @@
 
 `mask_counts` turns each image into pixel counts (TP, FP, TN, FN), per image so that the trainer can
 gather them across processes and sum without padded duplicates counting twice; `shadow_metrics`
-sums them into the dataset-level BER of shared/design DOMAIN §2.5 (the ComputeBERonSet / BDRAR
+sums them into the dataset-level BER of the shadow-detection literature (the ComputeBERonSet / BDRAR
 convention), and also reports the per-image average, which is a different number.
 """
 
@@ -21,7 +21,7 @@ def mask_counts(probs: Tensor, target: Tensor, *, threshold: float = 0.5) -> Ten
     The prediction is first resized (bilinear) to the ground truth's resolution, as the standard
     evaluation resizes it to the mask. A pixel is predicted shadow when its probability is
     ``>= threshold`` and is shadow in the ground truth when ``target > 0.5``: for a float mask
-    ``v / 255`` of an 8-bit mask that is exactly ``v >= 128`` (DOMAIN: ``mask > 127``).
+    ``v / 255`` of an 8-bit mask that is exactly ``v >= 128`` (the benchmarks binarise ``mask > 127``).
 
     Args:
         probs: Shadow probabilities (after the sigmoid) ``[N, 1, h, w]`` or ``[N, h, w]``.

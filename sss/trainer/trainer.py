@@ -416,7 +416,7 @@ class SSSTrainer:
         state.epoch, self._resume_batches = meta["resume_epoch"], meta["resume_batch"]
         # The uninterrupted run had its epoch's loader running when it saved; a resumed one starts
         # it anew, and DataLoader.__iter__ draws a seed from the global RNG. Mid-epoch, the saved
-        # state is restored again at the first batch (PITFALLS §A 9; transformers #39215).
+        # state is restored again at the first batch (transformers #39215).
         self._resume_rng = ckpt_io.get_rng_state() if self._resume_batches else None
         state.samples, state.metrics = meta["samples"], dict(meta["metrics"])
         for callback, saved in zip(self.callbacks, meta["callbacks"], strict=False):

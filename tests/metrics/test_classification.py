@@ -1,4 +1,4 @@
-"""Classification metrics: the DOMAIN §2.2/§2.3 oracles, and random sets against scikit-learn."""
+"""Classification metrics: worked examples from the definitions, and random sets against scikit-learn."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SED metrics: the DOMAIN §2.4 oracle, and random datasets against sed_eval 0.2.1 itself."""
+"""SED metrics: a worked example from the definitions, and random datasets against sed_eval 0.2.1 itself."""
 
 from __future__ import annotations
 

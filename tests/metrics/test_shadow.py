@@ -1,4 +1,4 @@
-"""Shadow BER: the DOMAIN §2.5 oracle, the 8-bit threshold, resizing, dataset- vs per-image BER."""
+"""Shadow BER: a worked example from the definition, the 8-bit threshold, resizing, dataset- vs per-image BER."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ __all__ = ["AudioSpectrogramTransformer"]
 class AudioSpectrogramTransformer(TokenEncoder):
     """Log-mel front-end, patch embedding over (frequency x time), pre-norm transformer blocks.
 
-    As in AST (Gong et al., 2021; DOMAIN.md §1.1) the log-mel ``[B, 1, M, T]`` is cut into
+    As in AST (Gong et al., 2021) the log-mel ``[B, 1, M, T]`` is cut into
     ``patch_size`` patches (``patch_stride`` < ``patch_size`` overlaps them, AST uses 16x16 at
     stride 10), each linearly embedded; timm's ViT ``Block`` (pre-norm attention + MLP) follows.
     Differences from AST, and why:

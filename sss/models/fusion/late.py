@@ -1,4 +1,4 @@
-"""`LateFusion`: the baseline every fusion result should be compared with (DOMAIN.md §1.3)."""
+"""`LateFusion`: the baseline every fusion result should be compared with."""
 
 from __future__ import annotations
 
