@@ -87,7 +87,7 @@ class CrossModalFusion(FusionHead):
     """Bidirectional cross-modal attention, then mean pooling of each stream and a linear head.
 
     ``depth`` layers each let image tokens attend to audio tokens and audio tokens attend to image
-    tokens (two pre-norm blocks with MLPs; cost ``O(Ni * Na)`` per layer, DOMAIN.md §1.3). Each stream
+    tokens (two pre-norm blocks with MLPs; cost ``O(Ni * Na)`` per layer). Each stream
     is then averaged over its tokens and LayerNormed; the two vectors are concatenated and a Linear
     gives the logits. When one modality is None the cross-attention is skipped (there is nothing to
     attend to) and its half of the pooled vector is zeros, so the head still works from the other.
