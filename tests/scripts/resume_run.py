@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from sss import Callback, SSSTrainer
 from sss.callbacks.checkpoint import Preempted
+from sss.callbacks.stock import add_stock_callbacks
 from sss.checkpoint import complete_checkpoints
 from sss.testing import BoringDataset, BoringModule
 
@@ -100,20 +101,22 @@ def main() -> int:
         accelerator.native_amp = True
         accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
     pause = tuple(int(x) for x in args.pause_at.split(":")) if args.pause_at else None
-    trainer = SSSTrainer(
-        accelerator=accelerator,
-        callbacks=[Recorder(out, pause, args.fp16_poison)],
-        max_steps=args.steps,
-        cpu=True,
-        mixed_precision="no" if accelerator is None else "fp16",
-        gradient_accumulation_steps=args.accum,
-        output_dir=str(out),
-        optim={
-            "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.01, "weight_decay": 0.01},
-            "scheduler": {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 3},
-        },
-        log={"progress": False, "trackers": []},
-        checkpoint={"every_n_steps": args.every, "every_epoch": not args.no_epoch_save, "keep_last": 2},
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            accelerator=accelerator,
+            callbacks=[Recorder(out, pause, args.fp16_poison)],
+            max_steps=args.steps,
+            cpu=True,
+            mixed_precision="no" if accelerator is None else "fp16",
+            gradient_accumulation_steps=args.accum,
+            output_dir=str(out),
+            optim={
+                "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.01, "weight_decay": 0.01},
+                "scheduler": {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 3},
+            },
+            log={"progress": False, "trackers": []},
+            checkpoint={"every_n_steps": args.every, "every_epoch": not args.no_epoch_save, "keep_last": 2},
+        )
     )
     ckpt = None
     if args.resume:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sss.callbacks.stock import add_stock_callbacks
 from sss.checkpoint import complete_checkpoints
 from sss.run.launch import launch_command
 
@@ -254,14 +255,22 @@ def test_rotation_keeps_last_and_best_across_resumes(tmp_path):
             history[Path(s.last_checkpoint).name] = (getattr(self, "validated", -1) == s.global_step, dict(s.metrics))
 
     def trainer(max_epochs):
-        return SSSTrainer(
-            max_epochs=max_epochs,
-            callbacks=[History()],
-            mixed_precision="no",
-            output_dir=str(tmp_path),
-            log={"progress": False, "trackers": []},
-            optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.3}},
-            checkpoint={"every_n_steps": 3, "keep_last": 2, "keep_best": 1, "monitor": "val/accuracy", "mode": "max"},
+        return add_stock_callbacks(
+            SSSTrainer(
+                max_epochs=max_epochs,
+                callbacks=[History()],
+                mixed_precision="no",
+                output_dir=str(tmp_path),
+                log={"progress": False, "trackers": []},
+                optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.3}},
+                checkpoint={
+                    "every_n_steps": 3,
+                    "keep_last": 2,
+                    "keep_best": 1,
+                    "monitor": "val/accuracy",
+                    "mode": "max",
+                },
+            )
         )
 
     def expected():
