@@ -4,33 +4,82 @@ A model folder holds ``model.safetensors`` (weights, no pickle), ``config.yaml``
 config: ``model:`` rebuilds the module), ``preprocessing.json`` (classes, task, image size,
 sample rate, clip length: how inputs were prepared) and ``README.md`` (a model card). ``sss fit``
 writes one to ``OUTPUT_DIR/model``; ``sss export`` writes one from any checkpoint.
+
+A model folder is data someone hands you (a Hub download), so loading it runs no code sss does
+not ship: every ``_target_`` in its ``model:`` spec must be in `sss.models.registry.trusted_targets`,
+checked as text before anything is imported, unless the caller passes ``trust_code=True``. The
+exported ``config.yaml`` and model card carry no absolute local paths (they become ``null``).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
 
 from sss.checkpoint import MARKER
-from sss.config import SSSConfig, instantiate, load_config, to_yaml
+from sss.config import ConfigError, SSSConfig, check_target, instantiate, load_config
+from sss.config.instantiate import find_targets
+from sss.errors import SSSError
 
 __all__ = [
     "PREPROCESSING",
     "SETTINGS",
     "WEIGHTS",
+    "UntrustedCodeError",
+    "check_model_folder",
     "export_model",
     "load_model",
     "load_trained_weights",
     "preprocessing",
+    "untrusted_targets",
 ]
 
 WEIGHTS = "model.safetensors"
 PREPROCESSING = "preprocessing.json"
 SETTINGS = ("image_size", "sample_rate", "clip_seconds", "event_frame_rate")
 """The datamodule settings a model folder records, so that prediction decodes inputs as training did."""
+
+
+class UntrustedCodeError(SSSError):
+    """A model folder's config names code outside sss's allowlist; nothing it names was imported or called.
+
+    `targets` holds ``(YAML key, dotted name)`` for each such ``_target_``. ``sss`` exits with 2.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str | Path, targets: list[tuple[str, Any]]) -> None:
+        self.source, self.targets = Path(source), targets
+        names = "\n".join(f"  {key}: {name}" for key, name in targets)
+        super().__init__(
+            f"{source} names code outside sss's registered models and parts; loading it would import each "
+            f"module below (running its top-level code) and call the named object with the YAML's arguments:\n"
+            f"{names}\nNothing was imported or called. A model folder is data (a Hub download, a file someone "
+            "sent), so only the names in sss.models.registry.trusted_targets() build without asking. If you trust "
+            "whoever wrote this folder and have their code installed, pass trust_code=True to sss.load_model, or "
+            "--trust-code to sss predict: that runs the code named above, with your permissions."
+        )
+
+
+def untrusted_targets(spec: Any, key: str = "model") -> list[tuple[str, Any]]:
+    """The ``_target_`` entries of `spec` (at any depth) that are not in sss's allowlist; imports none of them.
+
+    The allowlist is `sss.models.registry.trusted_targets`. A ``_target_`` that is not a string is untrusted.
+
+    Example:
+        >>> spec = {"_target_": "sss.models.create_model", "name": "hunter_tiny",
+        ...         "image_kwargs": {"drop_rate": {"_target_": "os.system", "command": "touch pwned"}}}
+        >>> untrusted_targets(spec)
+        [('model.image_kwargs.drop_rate._target_', 'os.system')]
+    """
+    from sss.models.registry import trusted_targets
+
+    trusted = trusted_targets()
+    return [(k, name) for k, name in find_targets(spec, key) if not isinstance(name, str) or name not in trusted]
 
 
 def preprocessing(datamodule: Any) -> dict[str, Any]:
@@ -53,8 +102,14 @@ def export_model(
     metrics: dict[str, Any],
     folder: str | Path,
     datamodule: Any = None,
+    *,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the portable model folder for `module` (trained with `cfg`, on `datamodule`) to `folder`.
+
+    The weights are `state_dict` when given, else ``module.state_dict()``. Under FSDP or DeepSpeed
+    ZeRO-3 each process holds only a shard, so pass the full state dict that
+    ``accelerator.get_state_dict(model)`` gathers (called on every process), as ``sss fit`` does.
 
     Example:
         >>> import tempfile
@@ -68,17 +123,68 @@ def export_model(
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if state_dict is not None and not state_dict:
+        raise ValueError(
+            f"export_model({folder}): the given state_dict is empty; under FSDP the full state dict is only on the "
+            "main process: call accelerator.get_state_dict(model) on every process and export on the main one"
+        )
     # Own contiguous copies: safetensors refuses tensors that share or view another's storage.
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+    weights = module.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt", "sss_model": type(module).__name__})
-    (folder / "config.yaml").write_text(to_yaml(cfg))
+    published, dropped = _without_local_paths(cfg)
+    (folder / "config.yaml").write_text(_config_yaml(published, dropped))
     prep = preprocessing(datamodule) if datamodule is not None else {"classes": None, "task": None}
     (folder / PREPROCESSING).write_text(json.dumps(prep, indent=2))
-    (folder / "README.md").write_text(_model_card(module, cfg, metrics, prep))
+    (folder / "README.md").write_text(_model_card(module, cfg, published, dropped, metrics, prep))
     return folder
 
 
-def _model_card(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any], prep: dict[str, Any]) -> str:
+def _without_local_paths(cfg: SSSConfig) -> tuple[dict[str, Any], list[str]]:
+    # A model folder is what HubPush publishes: an absolute path (data.root, trainer.output_dir, a local
+    # pretrained file) names the author's machine and means nothing on the reader's. Loading needs none
+    # of them: the weights are in model.safetensors and the decoding settings in preprocessing.json.
+    from omegaconf import OmegaConf
+
+    dropped: list[str] = []
+
+    def scrub(value: Any, key: str) -> Any:
+        if isinstance(value, str) and _is_local_path(value):
+            dropped.append(key)
+            return None
+        if isinstance(value, dict):
+            return {k: scrub(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    return scrub(OmegaConf.to_container(OmegaConf.structured(cfg)), ""), dropped
+
+
+def _is_local_path(text: str) -> bool:
+    return text.startswith("~") or PurePosixPath(text).is_absolute() or PureWindowsPath(text).is_absolute()
+
+
+def _config_yaml(published: dict[str, Any], dropped: list[str]) -> str:
+    from omegaconf import OmegaConf
+
+    text = OmegaConf.to_yaml(published)
+    if not dropped:
+        return text
+    return (
+        "# Local absolute paths were left out of this exported file (written as null): " + ", ".join(dropped) + ".\n"
+        "# sss.load_model and sss predict do not need them; set them to train or evaluate from this config.\n" + text
+    )
+
+
+def _model_card(
+    module: torch.nn.Module,
+    cfg: SSSConfig,
+    published: dict[str, Any],
+    dropped: list[str],
+    metrics: dict[str, Any],
+    prep: dict[str, Any],
+) -> str:
     params = sum(p.numel() for p in module.parameters())
     rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
     classes = prep.get("classes")
@@ -90,18 +196,25 @@ def _model_card(module: torch.nn.Module, cfg: SSSConfig, metrics: dict[str, Any]
         f"# {cfg.name}\n\nA Shadow & Sound Hunter model trained with `sss` ({type(module).__name__}, "
         f"{params / 1e6:.2f} M parameters).\n\n"
         f"- task: {task}" + (f" over {list(classes)}" if classes else "") + "\n"
-        f"- model: `{cfg.model}`\n- data: `{cfg.data}`\n"
+        f"- model: `{published['model']}`\n- data: `{published['data']}`\n"
         f"- training: {t.max_epochs} epochs / {t.max_steps} steps max, precision {t.mixed_precision}, "
         f"accumulation {t.gradient_accumulation_steps}, clip {t.max_grad_norm}, seed {t.seed}, "
         f"optimizer `{t.optim.optimizer}`, scheduler `{t.optim.scheduler}`\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n\n"
         "Load it with `sss.load_model(folder)`; predict with `sss predict FOLDER --input manifest.csv "
-        "--output preds.csv`. The full training configuration is in `config.yaml`.\n"
+        "--output preds.csv`. The full training configuration is in `config.yaml`"
+        + (f" (local paths left out: {', '.join(dropped)})" if dropped else "")
+        + ".\n"
     )
 
 
-def load_model(folder: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
+def load_model(folder: str | Path, device: str | torch.device = "cpu", trust_code: bool = False) -> torch.nn.Module:
     """Rebuild the module of a model folder and load its weights (strict); returned in eval mode.
+
+    The ``model:`` spec of the folder's ``config.yaml`` is checked first, as text: a ``_target_``
+    (at any depth) outside sss's registered models and parts raises `UntrustedCodeError` before
+    anything it names is imported. ``trust_code=True`` skips that check and builds whatever the
+    folder names: only for folders whose author you trust, with their code installed.
 
     Example:
         >>> import tempfile
@@ -122,10 +235,43 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> torch.
                 f"{folder} is not an sss model folder: {name} is missing (write one with sss export or sss fit)"
             )
     cfg = load_config(folder / "config.yaml")
+    if not trust_code and (found := untrusted_targets(cfg.model)):
+        raise UntrustedCodeError(folder / "config.yaml", found)
     module = instantiate(cfg.model)
     state = load_file(str(folder / WEIGHTS), device=str(device))
     _load_weights(module, state, folder / WEIGHTS, "Was config.yaml edited after export?")
     return module.to(device).eval()
+
+
+def check_model_folder(folder: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Problems of a model folder, found without importing what its config names (``sss check FOLDER``).
+
+    Missing files, a config that does not load, ``_target_`` names outside sss's allowlist (the
+    `UntrustedCodeError` message: nothing is imported then) and, for a clean folder, the model
+    spec's argument errors. An empty list: `load_model` builds it without ``trust_code``.
+
+    Example:
+        >>> import tempfile
+        >>> from sss.config import SSSConfig
+        >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.testing.BoringModule"})
+        >>> folder = export_model(instantiate(cfg.model), cfg, {}, tempfile.mkdtemp() + "/m")
+        >>> check_model_folder(folder)
+        []
+    """
+    folder = Path(folder)
+    missing = [name for name in (WEIGHTS, "config.yaml") if not (folder / name).is_file()]
+    if missing:
+        where = f"{folder} is not an sss model folder: {', '.join(missing)} missing"
+        return [f"{where} (write one with sss export or sss fit)"]
+    try:
+        cfg = load_config(folder / "config.yaml", overrides)
+    except ConfigError as exc:
+        return [str(exc)]
+    if not cfg.model:
+        return [f"{folder / 'config.yaml'}: model: missing; a model folder's config must say what builds the model"]
+    if found := untrusted_targets(cfg.model):
+        return [str(UntrustedCodeError(folder / "config.yaml", found))]
+    return [f"{folder / 'config.yaml'}: {problem}" for problem in check_target(cfg.model, "model")]
 
 
 def _load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], source: Path, hint: str) -> None:

@@ -103,13 +103,35 @@ def test_layers_point_down():
     assert not up, sorted(up)
 
 
-def test_no_private_name_is_imported_across_modules():
+def _package(module: str, modules: set[str]) -> str:
+    return (
+        module
+        if f"{module}.__init__" in modules or any(m.startswith(module + ".") for m in modules)
+        else (module.rsplit(".", 1)[0])
+    )
+
+
+def test_no_private_name_is_imported_across_packages():
+    # A private module (``sss.trainer._oom``) or name (``_helper``) is used inside its own package only.
+    modules = {_module_name(p) for p in ROOT.rglob("*.py")}
     private = []
     for path in ROOT.rglob("*.py"):
+        mine = (
+            _package(_module_name(path), modules)
+            if path.name == "__init__.py"
+            else _module_name(path).rsplit(".", 1)[0]
+        )
         for node in ast.walk(ast.parse(path.read_text())):
+            names = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sss"):
-                other_package = node.module.rsplit(".", 1)[0] != _module_name(path).rsplit(".", 1)[0]
                 for alias in node.names:
-                    if alias.name.startswith("_") and other_package:
-                        private.append(f"{_module_name(path)}: from {node.module} import {alias.name}")
+                    full = f"{node.module}.{alias.name}"
+                    # `from sss.trainer import _oom` imports the module sss.trainer._oom, from package sss.trainer.
+                    names.append((full, node.module) if full in modules else (full, _package(node.module, modules)))
+            elif isinstance(node, ast.Import):
+                names = [(a.name, a.name.rsplit(".", 1)[0]) for a in node.names if a.name.startswith("sss")]
+            for full, package in names:
+                hidden = any(part.startswith("_") and part != "__init__" for part in full.split(".")[1:])
+                if hidden and package != mine and not mine.startswith(package + "."):
+                    private.append(f"{_module_name(path)} imports {full}")
     assert not private, "\n".join(private)

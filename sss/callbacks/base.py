@@ -27,21 +27,24 @@ class Event(str, Enum):
                 for batch_idx, batch in train_loader:   (at most limit_train_batches)
                     # BATCH_START
                     with accelerator.accumulate(model):
-                        loss = module.training_step(batch, batch_idx)   # under autocast; as
-                        accelerator.backward(loss)      # state.batch_splits parts after an OOM
-                        if end of accumulation window:
-                            rescale a partial window; unscale fp16 gradients
+                        state.loss = module.training_step(batch, batch_idx); accelerator.backward(loss)
+                                     (under autocast; with trainer.auto_batch_size, in parts after an OOM)
+                        if accelerator.sync_gradients:      (the end of an accumulation window)
+                            rescale a short window; accelerator.unscale_gradients()
                             # AFTER_BACKWARD          (true-scale grads, before clipping)
-                            state.grad_norm = clip_grad_norm_(...)      (not if state.skip_step)
-                            optimizer.step(); skipped? -> skipped_steps += 1
-                                              else -> global_step += 1; scheduler.step()
+                            if not state.skip_step:
+                                state.grad_norm = accelerator.clip_grad_norm_(...)
+                                optimizer.step()
+                            skipped? -> skipped_steps += 1
+                                else -> global_step += 1; scheduler.step()
                             # AFTER_OPTIMIZER_STEP
                             optimizer.zero_grad()
                     # BATCH_END                   (checkpoints every N steps save here)
                     stop at max_steps or when state.should_stop
                 if validation is due:
                     # VALIDATION_START
-                    gather_for_metrics(module.validation_step(...)) -> state.metrics
+                    gather_for_metrics(module.validation_step(...))   (a padded last batch per sample)
+                    module.compute_metrics(outputs, classes=datamodule.classes) -> state.metrics
                     # VALIDATION_END
                 # EPOCH_END
                 # SAVE_CHECKPOINT   (fired by trainer.save_checkpoint once the state is written; the

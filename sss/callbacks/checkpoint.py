@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.base import Callback
-from sss.checkpoint import MARKER, complete_checkpoints, recover_leftovers
+from sss.checkpoint import (
+    MARKER,
+    FolderLock,
+    checkpoint_step,
+    complete_checkpoints,
+    lock_folder,
+    recover_leftovers,
+    remove_checkpoint,
+)
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
@@ -38,6 +45,10 @@ class ModelCheckpoint(Callback):
     themselves, so rotation keeps its promise across resumes. Only checkpoints saved right after a
     validation rank: a mid-epoch save carries a stale score. A fresh run refuses to start over
     checkpoints of an earlier run, and leftovers of interrupted saves are cleaned at fit start.
+    Rotation deletes a checkpoint's marker first; checkpoints newer than the current step (left
+    by a run resumed from an older checkpoint) are neither counted nor deleted until the run
+    passes them. For the whole fit the main process holds the checkpoints folder's lock
+    (``.sss.lock``, `sss.checkpoint.lock_folder`): a second fit on the same folder is refused.
 
     With `on_signal`, SIGTERM or SIGINT (preemption, Ctrl-C) lets the current optimizer step
     finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once). With several
@@ -75,6 +86,7 @@ class ModelCheckpoint(Callback):
         self._previous_handlers: dict[int, Any] = {}
         self._warned_monitor = False
         self._fitting = False
+        self._lock: FolderLock | None = None
 
     def folder(self, trainer: SSSTrainer) -> Path:
         """Where the checkpoints go."""
@@ -84,6 +96,7 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         folder = self.folder(trainer)
         if trainer.accelerator.is_main_process:
+            self._lock = lock_folder(folder, "run")  # first: cleaning up is only safe with the folder to ourselves
             for line in recover_leftovers(folder):
                 print(f"sss: checkpoints: {line}", flush=True)
         trainer.accelerator.wait_for_everyone()
@@ -134,10 +147,17 @@ class ModelCheckpoint(Callback):
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._fitting = False
         self._restore_handlers()
+        self._release()
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._fitting = False
         self._restore_handlers()
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ------------------------------------------------------------------ saving and rotation
     def _save(self, trainer: SSSTrainer, replace: bool = False) -> None:
@@ -147,12 +167,15 @@ class ModelCheckpoint(Callback):
         self._saved_step = step
         trainer.save_checkpoint(self.folder(trainer) / f"step_{step:07d}")
         if trainer.accelerator.is_main_process:
-            for old in self._to_remove(complete_checkpoints(self.folder(trainer))):
-                shutil.rmtree(old, ignore_errors=True)
+            for old in self._to_remove(complete_checkpoints(self.folder(trainer)), step):
+                remove_checkpoint(old)  # the marker first: a kill halfway leaves no "complete" half-folder
 
-    def _to_remove(self, found: list[Path]) -> list[Path]:
+    def _to_remove(self, found: list[Path], step: int) -> list[Path]:
         if not self.keep_last:
             return []
+        # Newer ones are from beyond a resume point (say, a damaged newest checkpoint the resume fell
+        # back from): counting them would delete the good ones just saved.
+        found = [p for p in found if checkpoint_step(p) <= step]
         keep = set(found[-self.keep_last :])
         if self.keep_best:
             scored = [(s, p) for p in found if (s := _score(p, self.monitor)) is not None]

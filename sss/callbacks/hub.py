@@ -32,7 +32,8 @@ class HubPush(Callback):
     * At FIT_END (both strategies) the model folder `model_dir` (default ``OUTPUT_DIR/model``) goes to
       the repo root. If nothing exported it yet, it is exported there first: the full folder
       (weights, ``config.yaml``, model card) when ``OUTPUT_DIR/config.yaml`` exists, as under ``sss fit``,
-      else ``model.safetensors`` alone.
+      else ``model.safetensors`` alone. The weights are the full state dict every process gathers
+      with ``accelerator.get_state_dict`` (whole under FSDP / ZeRO-3 too); the main process pushes.
     * Pushes queue up: none is skipped while another runs (unlike transformers#30724). FIT_END waits
       for the queue; failed pushes (after `retries` tries) raise there, naming what to upload by hand.
 
@@ -114,11 +115,19 @@ class HubPush(Callback):
         self._report_errors()
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        accelerator = trainer.accelerator
+        folder = Path(self.model_dir) if self.model_dir else trainer.output_dir / "model"
+        export = [self._worker is not None and not (folder / "model.safetensors").exists()]
+        if accelerator.num_processes > 1:  # the main process decides; all take part in the gather below
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(export)
+        # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
+        full = accelerator.get_state_dict(trainer.model) if export[0] else None
         if self._worker is None:
             return
-        folder = Path(self.model_dir) if self.model_dir else trainer.output_dir / "model"
-        if not (folder / "model.safetensors").exists():
-            _export(trainer, module, folder)
+        if full is not None:
+            _export(trainer, module, folder, {k.removeprefix("module."): v for k, v in full.items()})
         self._queue.put((folder, ".", f"model after global_step {trainer.state.global_step}", False))
         self._drain()
         with contextlib.suppress(OSError):  # the staging folder, empty unless a push failed
@@ -176,7 +185,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _export(trainer: SSSTrainer, module: LitModule, folder: Path) -> None:
+def _export(trainer: SSSTrainer, module: LitModule, folder: Path, weights: dict[str, Any]) -> None:
     # `sss fit` exports the model folder only after fit returns, so export it here the same way (the
     # run's config.yaml is in OUTPUT_DIR by then); `sss fit` rewrites it later with the same weights.
     config = trainer.output_dir / "config.yaml"
@@ -184,10 +193,11 @@ def _export(trainer: SSSTrainer, module: LitModule, folder: Path) -> None:
         from sss.config import load_config
         from sss.model_folder import export_model
 
-        export_model(module, load_config(config), dict(trainer.state.metrics), folder, trainer.datamodule)
+        metrics = dict(trainer.state.metrics)
+        export_model(module, load_config(config), metrics, folder, trainer.datamodule, state_dict=weights)
         return
     from safetensors.torch import save_file  # plain Python use: the weights alone
 
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt", "sss_model": type(module).__name__})

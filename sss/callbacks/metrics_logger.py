@@ -1,9 +1,19 @@
-"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV; TensorBoard when installed)."""
+"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV; TensorBoard when installed).
+
+A resumed run continues the logs of the run it resumes: ``metrics.csv`` keeps every row up to the
+checkpoint's global step, and TensorBoard keeps its earlier event files, both keyed by
+``global_step``. The rows the interrupted run logged for later steps (which the resumed run logs
+again) are moved to ``metrics.superseded.N.csv`` beside it, and TensorBoard's ``purge_step`` hides
+their events, so that the steps of ``metrics.csv`` and of the TensorBoard curves stay monotonic.
+"""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
+import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,13 +26,17 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["CSVTracker", "MetricsLogger", "make_trackers"]
+__all__ = ["CSVTracker", "MetricsLogger", "make_trackers", "read_metrics"]
 
 
 class CSVTracker(GeneralTracker):
     """An Accelerate tracker writing ``metrics.csv``: one row per logged step, one column per name.
 
-    A name seen for the first time adds a column (the file is rewritten once); later rows append.
+    Rows are appended to the file, which is never rebuilt from memory: a name seen for the first
+    time adds a column by rewriting the file from its own content into ``metrics.csv.tmp`` and
+    renaming that over it, so every earlier row stays (those of a run this one resumed too) and a
+    kill mid-rewrite leaves the previous file whole. `continue_from` sets aside the rows a resumed
+    run will log again.
 
     Example:
         >>> import tempfile
@@ -33,6 +47,13 @@ class CSVTracker(GeneralTracker):
         step,train/loss,val/accuracy
         1,0.5,
         2,,0.9
+        >>> again = CSVTracker(d)  # a later process (a resume) appends to the same file
+        >>> again.log({"train/loss": 0.4, "train/lr": 0.1}, step=3)
+        >>> print(open(f"{d}/metrics.csv").read().strip())
+        step,train/loss,val/accuracy,train/lr
+        1,0.5,,
+        2,,0.9,
+        3,0.4,,0.1
     """
 
     name = "csv"
@@ -42,30 +63,161 @@ class CSVTracker(GeneralTracker):
     def __init__(self, logging_dir: str | Path) -> None:
         super().__init__()
         self.path = Path(logging_dir) / "metrics.csv"
-        self.columns: list[str] = ["step"]
-        self.rows: list[dict[str, Any]] = []
+        self.columns: list[str] = []
+        """The file's header; read from the file at the first use."""
+        self._opened = False
 
     @property
     def tracker(self) -> Path:
         return self.path
 
+    def start(self) -> None:
+        """Read the header of an existing ``metrics.csv`` (Accelerate calls this in ``init_trackers``)."""
+        if self._opened:
+            return
+        self._opened = True
+        header, _, partial = _read(self.path)
+        self.columns = header or ["step"]
+        if partial is not None:  # a run killed mid-append: set the broken line aside before appending after it
+            self.continue_from(math.inf)
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """The run's configuration is saved by the CLI as ``config.yaml``; nothing to add here."""
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.start()
         row = {"step": step, **{k: v for k, v in values.items() if isinstance(v, (int, float))}}
-        self.rows.append(row)
         new = [k for k in row if k not in self.columns]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         if new or not self.path.exists():
-            self.columns += new
-            with self.path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.columns)
-                writer.writeheader()
-                writer.writerows(self.rows)
+            self._rewrite(self.columns + new)
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.columns, lineterminator="\n").writerow(row)
+
+    def continue_from(self, step: float | None) -> tuple[Path, int] | None:
+        """Keep the rows a run that continues after `step` builds on; move the others to ``metrics.superseded.N.csv``.
+
+        Kept are the leading rows up to the first one logged after `step` (a resumed run logs
+        those steps again); ``None`` keeps none (a fresh run in a folder that holds a file). A
+        partial last line (a kill mid-write) is always set aside. The side file is written before
+        ``metrics.csv`` is shortened, both atomically. Returns the side file and the number of
+        rows moved there, or None when nothing moved.
+
+        Example:
+            >>> import tempfile
+            >>> t = CSVTracker(tempfile.mkdtemp())
+            >>> for s in (2, 4, 6): t.log({"train/loss": 1 / s}, step=s)
+            >>> aside, moved = t.continue_from(step=4)
+            >>> aside.name, moved, [r["step"] for r in read_metrics(t.path)]
+            ('metrics.superseded.1.csv', 1, [2.0, 4.0])
+        """
+        self._opened = True
+        header, body, partial = _read(self.path)
+        rows = 0 if step is None else next((i for i, r in enumerate(body) if _step(r) > step), len(body))
+        moved = body[rows:]
+        if not moved and partial is None:
+            self.columns = header or self.columns or ["step"]
+            return None
+        aside = _free_name(self.path)
+        text = _csv_text(header, moved) + (partial + "\n" if partial is not None else "")
+        _atomic_write(aside, text)  # first the copy, then the shortened original: a kill in between loses nothing
+        if rows == 0:
+            self.path.unlink()
+            self.columns = ["step"]
         else:
-            with self.path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self.columns).writerow(row)
+            _atomic_write(self.path, _csv_text(header, body[:rows]))
+            self.columns = header
+        return aside, len(moved) + (partial is not None)
+
+    def _rewrite(self, columns: list[str]) -> None:
+        header, body, _ = _read(self.path)
+        columns = header + [c for c in columns if c not in header]
+        # the rows' own text, padded with empty cells: values are not re-parsed, so they stay as written
+        padded = [r + [""] * (len(columns) - len(r)) for r in body]
+        _atomic_write(self.path, _csv_text(columns, padded))
+        self.columns = columns
+
+
+def read_metrics(path: str | Path, up_to_step: int | None = None) -> list[dict[str, float]]:
+    """The rows of a ``metrics.csv``, in order, as ``{name: value}`` of the cells they fill (``step`` too).
+
+    With `up_to_step`, the rows stop before the first one logged after that step. A partial last
+    line (a run killed while writing it) is left out; a missing file gives no rows.
+
+    Example:
+        >>> import tempfile
+        >>> t = CSVTracker(tempfile.mkdtemp())
+        >>> t.log({"train/loss": 0.5}, step=1); t.log({"val/accuracy": 0.9}, step=2)
+        >>> read_metrics(t.path)
+        [{'step': 1.0, 'train/loss': 0.5}, {'step': 2.0, 'val/accuracy': 0.9}]
+        >>> read_metrics(t.path, up_to_step=1)
+        [{'step': 1.0, 'train/loss': 0.5}]
+    """
+    header, body, _ = _read(Path(path))
+    rows = []
+    for cells in body:
+        if up_to_step is not None and _step(cells) > up_to_step:
+            break
+        rows.append({k: x for k, v in zip(header, cells, strict=False) if (x := _number(v)) is not None})
+    return rows
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell) if cell else None
+    except ValueError:
+        return None  # e.g. a bool a callback published, written as True
+
+
+def _read(path: Path) -> tuple[list[str], list[list[str]], str | None]:
+    """Header, complete data rows and the partial last line (None when the file ends with a newline)."""
+    if not path.exists():
+        return [], [], None
+    with path.open(newline="") as f:  # the file's own line endings: a partial last line shows
+        text = f.read()
+    partial = None
+    if text and not text.endswith("\n"):
+        cut = text.rfind("\n") + 1
+        text, partial = text[:cut], text[cut:]
+    records = [r for r in csv.reader(io.StringIO(text)) if r]
+    return (records[0], records[1:], partial) if records else ([], [], partial)
+
+
+def _step(cells: list[str]) -> float:
+    try:
+        return float(cells[0])
+    except (IndexError, ValueError):
+        return float("-inf")  # a row logged without a step: it goes where its neighbours go
+
+
+def _csv_text(header: list[str], rows: list[list[str]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _free_name(path: Path) -> Path:
+    n = 1
+    while (aside := path.with_name(f"{path.stem}.superseded.{n}{path.suffix}")).exists():
+        n += 1
+    return aside
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
 
 
 def make_trackers(names: list[str], logging_dir: Path) -> list[Any]:
@@ -82,6 +234,11 @@ class MetricsLogger(Callback):
     """Logs ``train/loss``, ``train/lr``, ``train/grad_norm`` every N steps and all metrics after each evaluation.
 
     Values reach every tracker of the Accelerator (on the main process), keyed by ``global_step``.
+    A resume at global step N continues the same files: at FIT_START the rows of ``metrics.csv``
+    after step N (the interrupted run logged them after the checkpoint; the resumed run logs those
+    steps again) go to ``metrics.superseded.K.csv``, and TensorBoard gets ``purge_step=N+1``,
+    which hides the interrupted run's events from step N+1 on. A fresh fit in a folder that
+    already holds a ``metrics.csv`` sets all of it aside the same way (and hides older events).
 
     Example:
         >>> MetricsLogger(every_n_steps=50).every_n_steps
@@ -95,12 +252,19 @@ class MetricsLogger(Callback):
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         from accelerate.tracking import filter_trackers
 
-        accelerator = trainer.accelerator
+        accelerator, start = trainer.accelerator, trainer.state.global_step
         if not accelerator.log_with:  # an Accelerator built with its own log_with keeps it
             logging_dir = trainer.output_dir / "logs"
             accelerator.log_with = filter_trackers(make_trackers(self.trackers, logging_dir), logging_dir)
         config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
-        accelerator.init_trackers(trainer.output_dir.name or "sss", config=config)
+        # purge_step: TensorBoard readers drop the earlier event files' points from that step on
+        init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}}
+        accelerator.init_trackers(trainer.output_dir.name or "sss", config=config, init_kwargs=init_kwargs)
+        for tracker in accelerator.trackers:
+            moved = tracker.continue_from(start or None) if isinstance(tracker, CSVTracker) else None
+            if moved is not None:
+                why = f"logged after step {start}, which this run logs again," if start else "of an earlier fit"
+                print(f"sss: {moved[1]} row(s) of {tracker.path} {why} moved to {moved[0].name}", flush=True)
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state

@@ -25,16 +25,17 @@ ADVICE = (
 class OverflowDetector(Callback):
     """Counts skipped optimizer steps, applies a policy to non-finite losses, and aborts a run that cannot step.
 
-    * Steps the fp16 loss scaler skipped are in ``state.skipped_steps``. A fused optimizer
-      (``AdamW(fused=True)``) skips inside its kernel, which Accelerate reports as a step taken
-      (accelerate#4242); the detector notices the loss scale dropping and counts those too.
+    * Steps the fp16 loss scaler skipped are in ``state.skipped_steps``, those a fused optimizer
+      (``AdamW(fused=True)``) skipped inside its kernel too: Accelerate reports those as taken
+      (accelerate#4242), and the trainer counts them from the loss scale backing off.
     * A NaN/inf loss anywhere in the accumulation window: ``on_nan="skip"`` discards the window
       (``state.skip_step``); ``on_nan="raise"`` stops with a `FloatingPointError` naming the step and batch.
     * `max_consecutive_skips` skipped steps in a row raise a `RuntimeError` with advice.
     * ``find_culprit=True`` installs forward hooks (a device sync per module and step, so only on
       request) and names the first module whose output or gradient is not finite.
 
-    Publishes ``train/overflow/skipped`` (all kinds), ``train/overflow/nan_losses`` and ``train/loss_scale``.
+    Publishes ``train/overflow/skipped`` (``state.skipped_steps``: all kinds), ``train/overflow/nan_losses``
+    and ``train/loss_scale``.
 
     Example:
         >>> OverflowDetector(on_nan="raise").on_nan
@@ -53,11 +54,8 @@ class OverflowDetector(Callback):
         self.find_culprit = find_culprit
         self.nan_losses = 0
         """Windows with a non-finite loss so far."""
-        self.fused_skips = 0
-        """Steps a fused optimizer skipped that the trainer counted as taken."""
         self.consecutive = 0
         self._window_bad: torch.Tensor | None = None
-        self._scale_before: float | None = None
         self._order: list[tuple[str, torch.nn.Module]] = []
         self._bad_output: str | None = None
         self._hooks: list[Any] = []
@@ -65,7 +63,7 @@ class OverflowDetector(Callback):
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         if trainer.state.last_checkpoint is None:  # a fresh fit; a resume restored the counts before FIT_START
-            self.nan_losses = self.fused_skips = 0
+            self.nan_losses = 0
         self.consecutive, self._window_bad = 0, None
         if self.find_culprit and not self._hooks:
             self._hooks = [sub.register_forward_hook(self._output_hook(name)) for name, sub in module.named_modules()]
@@ -96,8 +94,6 @@ class OverflowDetector(Callback):
             bad, self._window_bad = bad | self._window_bad, None
         if accelerator.num_processes > 1:  # every process must take the same decision, or the replicas drift
             bad = accelerator.reduce(bad.float().reshape(1), reduction="sum") > 0
-        scaler = accelerator.scaler
-        self._scale_before = scaler.get_scale() if scaler is not None else None
         if self.find_culprit and self._bad_output is None:
             self._bad_output = _bad_gradient(self._order)
         if not bool(bad):  # one sync per optimizer step
@@ -121,24 +117,7 @@ class OverflowDetector(Callback):
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         state, scaler = trainer.state, trainer.accelerator.scaler
-        hidden = (
-            not state.step_was_skipped
-            and scaler is not None
-            and self._scale_before is not None
-            and scaler.get_scale() < self._scale_before  # update() backs off only when it found inf/NaN
-        )
-        if hidden:
-            self.fused_skips += 1
-            _warn_once(
-                trainer,
-                self._warned,
-                "fused",
-                f"OverflowDetector: the loss scaler skipped global_step {state.global_step} inside a fused optimizer, "
-                "which Accelerate reports as a step taken (accelerate#4242); global_step and the LR schedule advanced. "
-                "Counted in train/overflow/skipped.",
-            )
-        self._scale_before = None
-        skipped = state.step_was_skipped or hidden
+        skipped = state.step_was_skipped  # fused optimizers' skips included: the trainer detects those
         self.consecutive = self.consecutive + 1 if skipped else 0
         if skipped and self._bad_output:
             _warn_once(
@@ -149,7 +128,7 @@ class OverflowDetector(Callback):
                 local=True,  # the hooks saw this process's data: other processes may name another module
             )
         logs = state.logs
-        logs["train/overflow/skipped"] = state.skipped_steps + self.fused_skips
+        logs["train/overflow/skipped"] = state.skipped_steps
         logs["train/overflow/nan_losses"] = self.nan_losses
         if scaler is not None:
             logs["train/loss_scale"] = scaler.get_scale()
@@ -172,10 +151,10 @@ class OverflowDetector(Callback):
         self._hooks, self._order = [], []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"nan_losses": self.nan_losses, "fused_skips": self.fused_skips}
+        return {"nan_losses": self.nan_losses}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.nan_losses, self.fused_skips = int(state["nan_losses"]), int(state["fused_skips"])
+        self.nan_losses = int(state["nan_losses"])  # an older checkpoint's fused_skips: the trainer counts those now
 
 
 def _finite(output: Any) -> bool:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sss.callbacks.base import Callback
+from sss.callbacks.metrics_logger import read_metrics
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
@@ -28,6 +29,10 @@ class Plots(Callback):
     * ``confusion_matrix.png``: predicted against true class over the latest validation pass of the
       fit, from the ``preds`` and ``target`` that `validation_step` returned (``state.eval_outputs``,
       gathered from all processes).
+
+    A resumed fit starts its curves with the history the run logged up to the resumed step, read
+    from ``OUTPUT_DIR/logs/metrics.csv`` (the CSV tracker's cadence, ``log.every_n_steps``); without
+    the CSV tracker the curves start at the resume. The confusion matrix is the latest validation's.
 
     matplotlib is an optional extra; without it the callback fails at FIT_START, not after training.
 
@@ -56,6 +61,7 @@ class Plots(Callback):
         self._targets: list[torch.Tensor] = []
         self._capturing = False
         self._fitting = False
+        self._history_until: int | None = None
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         try:
@@ -65,6 +71,25 @@ class Plots(Callback):
         if self.every_n_steps is None:
             self.every_n_steps = trainer.config.log.every_n_steps
         self.train, self.evals, self.files, self._fitting = {}, {}, [], True
+        start = trainer.state.global_step  # above 0 after a resume
+        self._history_until = start if start and trainer.accelerator.is_main_process else None
+
+    def on_epoch_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._load_history(trainer)
+
+    def _load_history(self, trainer: SSSTrainer) -> None:
+        # Read once the fit has started, not at FIT_START: the metrics logger (a stock callback, so
+        # after this one) sets aside the rows the interrupted run logged past the checkpoint there.
+        until, self._history_until = self._history_until, None
+        if until is None:
+            return
+        for row in read_metrics(trainer.output_dir / "logs" / "metrics.csv", up_to_step=until):
+            step = int(row.pop("step", 0))
+            for key, value in row.items():
+                if key in ("train/loss", "train/lr") or key.startswith("train/grad_norm/"):
+                    self.train.setdefault(key, []).append((step, value))
+                elif key.startswith("val/"):
+                    self.evals.setdefault(key, []).append((step, value))
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state
@@ -90,6 +115,7 @@ class Plots(Callback):
         self._capturing = False
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._load_history(trainer)  # a resume with nothing left to train ran no epoch
         self._fitting = self._capturing = False
         if trainer.accelerator.is_main_process:
             self.files = self.write(trainer.output_dir / "plots", getattr(module, "num_classes", None))
@@ -97,6 +123,7 @@ class Plots(Callback):
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._fitting = self._capturing = False
+        self._history_until = None
 
     def write(self, folder: Path, num_classes: int | None = None) -> list[Path]:
         """Draw the recorded curves (and the confusion matrix) into `folder`; returns the files written.

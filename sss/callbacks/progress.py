@@ -27,7 +27,10 @@ SHOW = (
 class ProgressBar(Callback):
     """A rich progress bar on a terminal; one plain line every N steps otherwise (logs, CI).
 
-    Reading the loss is a device sync, so the bar redraws at most every `refresh_seconds`.
+    On a terminal: a bar line (epoch, bar, step/total, time left) that fills the terminal's width,
+    and under it the info line (loss, lr, samples/s, health figures), cut with an ellipsis where the
+    terminal is narrower, so neither ever wraps. Reading the loss is a device sync, so both redraw
+    at most every `refresh_seconds`.
     Only the main process draws. Turn it off with ``log.progress=false``. It also shows the latest
     value of each `show` key that health callbacks publish in ``state.logs`` (``train/`` dropped).
 
@@ -42,6 +45,7 @@ class ProgressBar(Callback):
         self.show = tuple(show)
         self._shown: dict[str, float] = {}
         self._progress: Any = None
+        self._live: Any = None
         self._task: Any = None
         self._start = 0.0
         self._last_draw = 0.0
@@ -56,19 +60,21 @@ class ProgressBar(Callback):
         console = Console()
         if not self._active or not console.is_terminal:
             return
+        from rich.live import Live
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        # The Progress is a renderable of our own Live, not started itself: the Live shows it above the info line.
         self._progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
-            BarColumn(),
+            BarColumn(bar_width=None),  # what the other columns leave of the line
             MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
             TimeRemainingColumn(),
             console=console,
-            auto_refresh=False,
+            expand=True,
         )
-        self._progress.start()
-        self._task = self._progress.add_task("train", total=trainer.total_steps or None, epoch=0, info="")
+        self._task = self._progress.add_task("train", total=trainer.total_steps or None, epoch=0)
+        self._live = Live(self._display(""), console=console, auto_refresh=False)
+        self._live.start()
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         # keep the latest values: the metrics logger clears state.logs when it writes them
@@ -83,10 +89,8 @@ class ProgressBar(Callback):
             now = time.monotonic()
             if now - self._last_draw >= self.refresh_seconds:
                 self._last_draw = now
-                self._progress.update(
-                    self._task, completed=state.global_step, epoch=state.epoch, info=self._info(trainer)
-                )
-                self._progress.refresh()
+                self._progress.update(self._task, completed=state.global_step, epoch=state.epoch)
+                self._live.update(self._display(self._info(trainer)), refresh=True)
         elif state.micro_step == 0 and state.global_step % self.every_n_steps == 0 and not state.step_was_skipped:
             total = f"/{trainer.total_steps}" if trainer.total_steps else ""
             print(f"epoch {state.epoch} step {state.global_step}{total} {self._info(trainer)}", flush=True)
@@ -95,22 +99,31 @@ class ProgressBar(Callback):
         if self._active and trainer.state.eval_metrics:
             # Dataset-level figures only: per-class keys (val/f1/<class>) go to the loggers, not the console.
             shown = {k: v for k, v in trainer.state.eval_metrics.items() if k.count("/") == 1}
-            line = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
-            (self._progress.console.print if self._progress is not None else print)(f"[{trainer.state.stage}] {line}")
+            line = f"[{trainer.state.stage}] " + "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
+            if self._live is not None:  # above the bar; markup=False, or rich would take "[val]" for a style
+                self._live.console.print(line, markup=False)
+            else:
+                print(line, flush=True)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=trainer.state.global_step, info=self._info(trainer))
-            self._progress.refresh()
+        if self._live is not None:
+            self._progress.update(self._task, completed=trainer.state.global_step)  # epoch: the last one run
+            self._live.update(self._display(self._info(trainer)), refresh=True)
         self._stop()
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._stop()
 
     def _stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._live is not None:
+            self._live.stop()
+        self._live = self._progress = None
+
+    def _display(self, info: str) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(self._progress, Text(info, no_wrap=True, overflow="ellipsis"))
 
     def _info(self, trainer: SSSTrainer) -> str:
         state = trainer.state

@@ -6,13 +6,14 @@ import difflib
 import importlib
 import inspect
 import typing
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from sss.config.constraints import Bound, Ge, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 
 if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
 
-__all__ = ["check_config", "check_target", "instantiate", "resolve_target"]
+__all__ = ["check_config", "check_target", "config_targets", "find_targets", "instantiate", "resolve_target"]
 
 # Arguments the framework passes when it builds a part, so a YAML spec may leave them out.
 RUNTIME_ARGS: dict[str, frozenset[str]] = {
@@ -75,6 +76,51 @@ def _build(value: Any) -> Any:
     return value
 
 
+def find_targets(spec: Any, key: str) -> list[tuple[str, Any]]:
+    """Every ``_target_`` in `spec`, at any depth (mappings and lists), as ``(YAML key, value)``; imports nothing.
+
+    The key is that of the ``_target_`` entry itself, e.g. ``model.image_kwargs.drop_rate._target_``.
+    A ``_target_`` anywhere counts, also where `instantiate` would not build it, so a check over
+    this list never misses what a build would import and call.
+
+    Example:
+        >>> find_targets({"_target_": "a.B", "layers": [{"_target_": "os.system", "command": "x"}]}, "model")
+        [('model._target_', 'a.B'), ('model.layers[0]._target_', 'os.system')]
+    """
+    found: list[tuple[str, Any]] = []
+    if isinstance(spec, dict):
+        if "_target_" in spec:
+            found.append((f"{key}._target_", spec["_target_"]))
+        for name, value in spec.items():
+            if name != "_target_":
+                found += find_targets(value, f"{key}.{name}")
+    elif isinstance(spec, (list, tuple)):
+        for i, item in enumerate(spec):
+            found += find_targets(item, f"{key}[{i}]")
+    return found
+
+
+def config_targets(config: SSSConfig) -> list[tuple[str, Any]]:
+    """Every ``_target_`` that building the parts of `config` imports and calls, with its YAML key.
+
+    Covers what ``sss fit`` builds: ``model``, ``data``, the optimizer, the scheduler and the callbacks.
+
+    Example:
+        >>> from sss.config import load_config
+        >>> config_targets(load_config(None, ["model._target_=sss.testing.BoringModule"]))
+        [('model._target_', 'sss.testing.BoringModule'), ('trainer.optim.optimizer._target_', 'torch.optim.AdamW')]
+    """
+    optim = config.trainer.optim
+    sections = [
+        ("model", config.model),
+        ("data", config.data),
+        ("trainer.optim.optimizer", optim.optimizer),
+        ("trainer.optim.scheduler", optim.scheduler),
+        ("callbacks", config.callbacks),
+    ]
+    return [found for key, spec in sections for found in find_targets(spec, key)]
+
+
 def check_target(spec: Any, key: str) -> list[str]:
     """Problems of one ``_target_`` spec at YAML path `key`, found without building anything.
 
@@ -93,6 +139,9 @@ def check_target(spec: Any, key: str) -> list[str]:
         target = resolve_target(spec["_target_"])
     except ImportError as exc:
         return [f"{key}._target_: {exc}"]
+    if not callable(target):  # math.pi imports fine, but building the part calls what _target_ names
+        kind = type(target).__name__
+        return [f"{key}._target_: {spec['_target_']!r} is a {kind}, not a class or function that builds the part"]
     args = {k: v for k, v in spec.items() if k != "_target_"}
     errors = _check_signature(target, spec["_target_"], args, key)
     for name, value in args.items():
@@ -132,35 +181,106 @@ def _check_signature(target: Any, path: str, args: dict[str, Any], key: str) -> 
         required = p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         if required and name not in args and name not in runtime:
             errors.append(f"{key}.{name}: required argument of {path} is missing")
-    errors += _check_types(target, args, key)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    errors += _check_types(target, {k: v for k, v in args.items() if takes_any or k in params}, key)
     return errors
 
 
-_SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+# Arguments whose signature types cannot judge a YAML value (torch.optim takes ``lr: float | Tensor``)
+# but whose valid range every target of that section shares, by YAML section and argument name.
+# They apply only where the target takes the argument.
+KNOWN_ARGS: dict[str, dict[str, Any]] = {
+    "trainer.optim.optimizer": {
+        "lr": PositiveFloat,
+        "weight_decay": Annotated[float, Ge(0)],
+        "momentum": Annotated[float, Ge(0)],
+        "dampening": Annotated[float, Ge(0)],
+        "alpha": Annotated[float, Ge(0)],
+        "eps": PositiveFloat,
+        "betas": tuple[Annotated[float, Ge(0), Lt(1)], Annotated[float, Ge(0), Lt(1)]],
+        "nesterov": bool,
+        "amsgrad": bool,
+    },
+    "trainer.optim.scheduler": {"warmup_steps": NonNegativeInt, "min_lr_ratio": UnitFloat},
+    "model": {"num_classes": PositiveInt},
+}
+
+_SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+
+
+class _Verdict(typing.NamedTuple):
+    kind: str  # "ok", "unknown" (a type this check cannot judge), "type" (wrong kind of value), "value" (out of range)
+    text: str = ""  # "type": what was expected ("an integer"); "value": why not ("must be >= 1")
+
+
+_OK, _UNKNOWN = _Verdict("ok"), _Verdict("unknown")
 
 
 def _check_types(target: Any, args: dict[str, Any], key: str) -> list[str]:
     try:
-        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
     except Exception:
-        return []  # annotations that cannot be evaluated here are checked when the part is built
+        hints = {}  # annotations that cannot be evaluated here are checked when the part is built
+    hints.update(KNOWN_ARGS.get(key, {}))
     errors = []
     for name, value in args.items():
-        allowed = _simple_types(hints.get(name))
-        if allowed is None or (value is None and type(None) in allowed):
-            continue
-        if not any(_fits(value, t) for t in allowed):
-            want = " or ".join(_SIMPLE.get(t, t.__name__) for t in allowed if t is not type(None))
-            errors.append(f"{key}.{name}: expected {want}, got {type(value).__name__} {value!r}")
+        if name not in hints or (isinstance(value, dict) and "_target_" in value):
+            continue  # a nested spec becomes an object when built; check_target checks it on its own
+        verdict = _judge(value, hints[name])
+        if verdict.kind == "type":
+            got = "null" if value is None else f"{type(value).__name__} {value!r}{_hint(value)}"
+            errors.append(f"{key}.{name}: expected {verdict.text}, got {got}")
+        elif verdict.kind == "value":
+            errors.append(f"{key}.{name}: {verdict.text}, got {value!r}")
     return errors
 
 
-def _simple_types(hint: Any) -> tuple[type, ...] | None:
-    options: Iterable[Any] = typing.get_args(hint) if _is_union(hint) else (hint,)
-    options = tuple(options)
-    if options and all(t in _SIMPLE or t is type(None) for t in options):
-        return options
-    return None
+def _judge(value: Any, hint: Any) -> _Verdict:
+    """Whether `value` (as YAML gives it: numbers, strings, lists, mappings, null) fits the annotation `hint`.
+
+    Understands the simple types, None, unions, ``Literal[...]``, ``Annotated[..., Ge(1)]`` bounds
+    (`sss.config.constraints`) and fixed-length tuples; anything else is "unknown" and left to the build.
+    """
+    origin, options = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, type) and hint in _SIMPLE:
+        return _OK if _fits(value, hint) else _Verdict("type", _SIMPLE[hint])
+    if origin is typing.Annotated:
+        verdict = _judge(value, options[0])
+        problems = [m.problem(value) for m in options[1:] if isinstance(m, Bound)] if verdict.kind == "ok" else []
+        return next((_Verdict("value", p) for p in problems if p), verdict)
+    if origin is typing.Literal:
+        if any(value == choice and type(value) is type(choice) for choice in options):
+            return _OK
+        return _Verdict("value", "must be one of " + ", ".join(repr(choice) for choice in options))
+    if _is_union(hint):
+        verdicts = [_judge(value, option) for option in options]
+        if _OK in verdicts or _UNKNOWN in verdicts:
+            return _OK if _OK in verdicts else _UNKNOWN
+        out_of_range = [v.text for v in verdicts if v.kind == "value"]
+        if out_of_range:  # the value has the right type for an option, but not its range
+            return _Verdict("value", out_of_range[0] + (" (or null)" if type(None) in options else ""))
+        return _Verdict("type", " or ".join(v.text for v in verdicts))
+    if origin is tuple and options and options[-1] is not Ellipsis:
+        if not isinstance(value, (list, tuple)):
+            return _Verdict("type", f"a list of {len(options)} values")
+        if len(value) != len(options):
+            return _Verdict("value", f"must be a list of {len(options)} values")
+        for i, (item, option) in enumerate(zip(value, options, strict=True)):
+            verdict = _judge(item, option)
+            if verdict.kind in ("type", "value"):
+                text = f"expected {verdict.text}" if verdict.kind == "type" else verdict.text
+                return _Verdict("value", f"item {i} ({item!r}): {text}")
+        return _OK
+    return _UNKNOWN
+
+
+def _hint(value: Any) -> str:
+    # PyYAML reads 1e-3 (no dot) as text; the file loader reads it as a number, but an old habit shows here.
+    try:
+        number = float(value) if isinstance(value, str) else None
+    except ValueError:
+        return ""
+    return " (a number in quotes? write it without them)" if number is not None else ""
 
 
 def _is_union(hint: Any) -> bool:
@@ -174,6 +294,8 @@ def _fits(value: Any, t: type) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if t is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if t is type(None):
+        return value is None
     return isinstance(value, t)
 
 
@@ -196,4 +318,17 @@ def check_config(config: SSSConfig) -> list[str]:
         errors += check_target(config.trainer.optim.scheduler, "trainer.optim.scheduler")
     for i, spec in enumerate(config.callbacks):
         errors += check_target(spec, f"callbacks[{i}]")
+    errors += _check_trackers(config.trainer.log.trackers)
     return errors
+
+
+def _check_trackers(names: list[str]) -> list[str]:
+    # Accelerate refuses an unknown tracker only when the trackers start, after the data was set up.
+    from accelerate.utils import LoggerType
+
+    known = ["csv", *LoggerType.list()]
+    return [
+        f"trainer.log.trackers[{i}]: unknown tracker {name!r}; known: {', '.join(known)}"
+        for i, name in enumerate(names)
+        if name not in known
+    ]

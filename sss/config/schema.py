@@ -20,7 +20,7 @@ PRECISIONS = ("auto", "no", "fp16", "bf16")
 
 @dataclass
 class OptimConfig:
-    """Optimizer and learning-rate schedule, built by `LitModule.configure_optimizers`.
+    """Optimizer and learning-rate schedule, built by the trainer over `LitModule.parameter_groups`.
 
     Example:
         >>> OptimConfig().optimizer["_target_"]
@@ -30,7 +30,7 @@ class OptimConfig:
     optimizer: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01}
     )
-    """``_target_`` spec of the optimizer; the parameters are passed by the module."""
+    """``_target_`` spec of the optimizer; the trainer passes it the module's ``parameter_groups``."""
     scheduler: dict[str, Any] | None = None
     """``_target_`` spec of an LR scheduler stepped once per optimizer step (it receives the optimizer,
     and ``total_steps`` when it takes one), e.g. ``{_target_: sss.trainer.cosine_with_warmup, warmup_steps: 50}``."""
@@ -87,7 +87,7 @@ class LogConfig:
     an empty list turns metric logging off."""
 
     def __post_init__(self) -> None:
-        require(self.every_n_steps >= 1, f"log.every_n_steps must be >= 1, got {self.every_n_steps}")
+        require(self.every_n_steps >= 1, f"trainer.log.every_n_steps must be >= 1, got {self.every_n_steps}")
 
 
 @dataclass
@@ -163,6 +163,11 @@ class TrainerConfig:
             f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}",
         )
         require(self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}")
+        require(0 <= self.seed < 2**32, f"trainer.seed must be in 0 .. 2**32 - 1 (NumPy's range), got {self.seed}")
+        require(
+            self.output_dir is None or bool(self.output_dir.strip()),
+            "trainer.output_dir is empty: name a folder, or leave it null for runs/<name>",
+        )
         for key in ("limit_train_batches", "limit_val_batches"):
             value = getattr(self, key)
             require(value is None or value >= 1, f"trainer.{key} must be >= 1 (or null for all), got {value}")

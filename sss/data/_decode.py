@@ -21,6 +21,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from sss.errors import SSSError
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; callers' atomic renames alone keep half-written folders invisible
@@ -32,6 +34,7 @@ __all__ = [
     "MIN_IMAGE_SIDE",
     "Crop",
     "DataError",
+    "EventTable",
     "event_frames",
     "load_audio",
     "load_image",
@@ -43,15 +46,22 @@ __all__ = [
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MIN_IMAGE_SIDE = 8
-"""Images with a side below this many pixels are refused: a 1x1 or 2x2 file is a placeholder or
-a tracking pixel, and resizing it up yields a flat colour that teaches the model nothing."""
+"""Images whose *longer* side is below this many pixels are refused: a 1x1 or 2x2 file is a
+placeholder or a tracking pixel, and resizing it up yields a flat colour that teaches the model
+nothing. A thin image (a 5x300 strip from a line-scan camera) has a long side full of content and
+is accepted and resized like any other."""
+
+_REDUCING_GAP = 2
+"""A large image is box-reduced by an integer factor while its shorter side stays at least this
+many times the target side, so the final bilinear resize (and a random crop of half the area)
+still shrinks it: the result matches a direct resize to within rounding, at a fraction of the memory."""
 
 # (x / 255 - mean) / std folded into one multiply-add per pixel.
 _SCALE = torch.tensor([1 / (255 * s) for s in IMAGENET_STD]).view(3, 1, 1)
 _SHIFT = torch.tensor([-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD, strict=True)]).view(3, 1, 1)
 
 
-class DataError(ValueError):
+class DataError(ValueError, SSSError):
     """A problem with an input file or a manifest row; the message names the file, the row and the fix.
 
     One positional message argument only, so it survives the pickling that carries an exception
@@ -72,6 +82,10 @@ class DataError(ValueError):
 
     worker_traceback: str = ""
     """The worker's traceback when the error crossed a DataLoader worker boundary, else empty."""
+    file: str = ""
+    """The data file at fault, when the dataset knows it (what ``skipped.csv``'s ``file`` column lists), else empty."""
+    reason: str = ""
+    """The problem without its location (``skipped.csv``'s ``reason``), when the dataset set it, else empty."""
 
     def __init__(self, message: str) -> None:
         if message.startswith("Caught DataError") and "Original Traceback" in message:
@@ -136,12 +150,33 @@ def _open_pixels(path: str | os.PathLike[str], size: int) -> Image.Image:
         raise DataError("is not an image Pillow can read (corrupt, or another kind of file)") from None
     except (OSError, SyntaxError, ValueError) as err:  # truncated data, bad chunk CRC, decompression bomb, ...
         raise DataError(f"cannot be decoded ({err}); re-export or replace the file") from None
-    if min(img.size) < MIN_IMAGE_SIDE:
+    if max(img.size) < MIN_IMAGE_SIDE:
         raise DataError(
-            f"is only {img.size[0]}x{img.size[1]} pixels (minimum {MIN_IMAGE_SIDE} per side): a placeholder, "
-            "not a picture; replace it or remove the row"
+            f"is only {img.size[0]}x{img.size[1]} pixels (minimum {MIN_IMAGE_SIDE} along its longer side): "
+            "a placeholder, not a picture; replace it or remove the row"
         )
     return img
+
+
+def _shrink(img: Image.Image, size: int) -> tuple[Image.Image, tuple[float, float]]:
+    """Box-reduce an image much larger than ``size`` by integer factors, before anything copies it at full size.
+
+    Pillow decodes PNG, TIFF, BMP, ... only at full size (JPEG's ``draft`` already decoded at
+    reduced scale); every conversion after that (``convert`` even to the same mode, float
+    arrays) would be another full-size copy, about +400 MB each for a 10000x10000 RGB image.
+
+    Returns:
+        The image and the extent of the original in its pixels: fractional when a side is not a
+        multiple of the factor (reduce's last box is partial), so the resize keeps the exact geometry.
+    """
+    fx, fy = (max(side // (size * _REDUCING_GAP), 1) for side in img.size)
+    if fx == fy == 1:
+        return img, img.size
+    if img.mode in ("1", "P", "PA"):
+        img = img.convert("L" if img.mode == "1" else "RGBA")  # reduce would average palette indices
+    elif img.mode.startswith("I;16"):
+        img = img.convert("I")  # 16-bit modes cannot be reduced; "I" is scaled to 8 bit like them
+    return img.reduce((fx, fy)), (img.size[0] / fx, img.size[1] / fy)
 
 
 def _to_8bit(img: Image.Image, mode: str) -> Image.Image:
@@ -158,10 +193,10 @@ def _to_8bit(img: Image.Image, mode: str) -> Image.Image:
     return img.convert(mode)
 
 
-def _resize(img: Image.Image, size: int, crop: Crop | None) -> Image.Image:
-    box = None
+def _resize(img: Image.Image, size: int, crop: Crop | None, extent: tuple[float, float]) -> Image.Image:
+    w, h = extent
+    box = None if extent == img.size else (0.0, 0.0, w, h)
     if crop is not None and (crop.width, crop.height) != (1.0, 1.0):
-        w, h = img.size
         box = (crop.left * w, crop.top * h, (crop.left + crop.width) * w, (crop.top + crop.height) * h)
     if box is not None or img.size != (size, size):
         # resize(box=) crops and resizes in one pass, without materialising the crop.
@@ -171,11 +206,21 @@ def _resize(img: Image.Image, size: int, crop: Crop | None) -> Image.Image:
     return img
 
 
+def _pixels(path: str | os.PathLike[str], size: int, mode: str, crop: Crop | None) -> Image.Image:
+    """Decode, reduce, convert to 8-bit ``mode``, crop and resize: the steps every image loader shares."""
+    with _open_pixels(path, size) as img:
+        small, extent = _shrink(img, size)
+        return _resize(_to_8bit(small, mode), size, crop, extent)
+
+
 def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None) -> Tensor:
     """Read an image of any mode and size as a normalised float tensor ``[3, size, size]``.
 
     Converted to RGB (16-bit and float images are scaled, not clipped), cropped by ``crop`` when
-    given, resized (bilinear), scaled to [0, 1] and normalised with the ImageNet mean and std.
+    given, resized (bilinear), scaled to [0, 1] and normalised with the ImageNet mean and std. Any
+    aspect works (a 5x300 line-scan strip is stretched to the square). A large image is decoded
+    at reduced scale (JPEG) or box-reduced right after decoding (other formats) before anything
+    else copies it, so memory stays near one decoded copy of the file's pixels.
 
     Args:
         path: Image file (PNG, JPEG, BMP, WebP, TIFF, ...).
@@ -186,7 +231,7 @@ def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None
         The image tensor.
 
     Raises:
-        DataError: The file is not a decodable image, or is smaller than `MIN_IMAGE_SIDE`.
+        DataError: The file is not a decodable image, or its longer side is below `MIN_IMAGE_SIDE`.
 
     Example:
         >>> import tempfile
@@ -197,8 +242,7 @@ def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None
         >>> image.shape, round(image[0, 0, 0].item(), 3)
         (torch.Size([3, 64, 64]), 2.249)
     """
-    with _open_pixels(path, size) as img:
-        rgb = _resize(_to_8bit(img, "RGB"), size, crop)
+    rgb = _pixels(path, size, "RGB", crop)
     pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32)).permute(2, 0, 1).contiguous()
     return pixels.mul_(_SCALE).add_(_SHIFT)
 
@@ -214,8 +258,7 @@ def load_image_u8(path: str | os.PathLike[str], size: int) -> np.ndarray:
         ...     load_image_u8(f"{tmp}/red.png", 16)[:, 0, 0].tolist()
         [255, 0, 0]
     """
-    with _open_pixels(path, size) as img:
-        rgb = _resize(_to_8bit(img, "RGB"), size, None)
+    rgb = _pixels(path, size, "RGB", None)
     return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1))
 
 
@@ -253,8 +296,7 @@ def load_mask(path: str | os.PathLike[str], size: int, crop: Crop | None = None)
         >>> mask.shape, mask.max().item()
         (torch.Size([1, 16, 16]), 1.0)
     """
-    with _open_pixels(path, size) as img:
-        grey = _resize(_to_8bit(img, "L"), size, crop)
+    grey = _pixels(path, size, "L", crop)
     return torch.from_numpy(np.asarray(grey, dtype=np.float32) * (1 / 255))[None]
 
 
@@ -407,27 +449,47 @@ class EventRow(NamedTuple):
     label: str
 
 
-def read_event_table(path: str | os.PathLike[str]) -> dict[str, list[EventRow]]:
+class EventTable(NamedTuple):
+    """A parsed strong-label table: the events by clip, and the clips whose lines do not parse."""
+
+    events: dict[str, list[EventRow]]
+    """Events by file name (the base name, as DCASE writes it). Clips without events have no key."""
+    bad: dict[str, str]
+    """Clip name -> the message of its first malformed line (``event table F, line N: ...``)."""
+
+
+def read_event_table(path: str | os.PathLike[str]) -> EventTable:
     """Read a DCASE strong-label table (``filename onset offset event_label``, tab separated, with header).
+
+    One table usually holds the events of many clips (DESED, the synthetic dataset), so a
+    malformed line is charged to the clip it names, not to the table: the other clips keep their
+    events, and the dataset rejects (or skips) only the rows of that clip, naming the line. A row
+    with the onset, offset and label all empty is how DCASE lists a clip without events.
 
     Args:
         path: The TSV file.
 
     Returns:
-        Events by file name (the base name, as DCASE writes it). Files without events have no key.
+        The events and the malformed clips.
 
     Raises:
-        DataError: Missing columns or a row that does not parse; the message names the line.
+        DataError: The table as a whole is unreadable (missing columns, not UTF-8, not a TSV).
 
     Example:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     with open(f"{tmp}/ev.tsv", "w") as f:
-        ...         _ = f.write("filename\\tonset\\toffset\\tevent_label\\na.wav\\t0.5\\t0.75\\tknock\\n")
-        ...     read_event_table(f"{tmp}/ev.tsv")
+        ...         _ = f.write("filename\\tonset\\toffset\\tevent_label\\n")
+        ...         _ = f.write("a.wav\\t0.5\\t0.75\\tknock\\nb.wav\\tsoon\\t1\\tdog\\n")
+        ...     table = read_event_table(f"{tmp}/ev.tsv")
+        >>> table.events
         {'a.wav': [EventRow(onset=0.5, offset=0.75, label='knock')]}
+        >>> table.bad["b.wav"].split(": ", 1)[1]
+        "onset/offset must be numbers, got 'soon', '1'; fix or remove that line"
     """
-    table: dict[str, list[EventRow]] = {}
+    events: dict[str, list[EventRow]] = {}
+    bad: dict[str, str] = {}
+    line = 1
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle, delimiter="\t")
@@ -438,21 +500,34 @@ def read_event_table(path: str | os.PathLike[str]) -> dict[str, list[EventRow]]:
                     "header filename<TAB>onset<TAB>offset<TAB>event_label"
                 )
             for row in reader:
-                try:
-                    onset, offset = float(row["onset"]), float(row["offset"])
-                except (TypeError, ValueError):
-                    raise DataError(
-                        f"event table {path}, line {reader.line_num}: onset/offset must be numbers, "
-                        f"got {row['onset']!r}, {row['offset']!r}"
-                    ) from None
-                if not (0 <= onset <= offset and math.isfinite(offset)):
-                    raise DataError(f"event table {path}, line {reader.line_num}: need 0 <= onset <= offset")
-                table.setdefault(os.path.basename(row["filename"]), []).append(
-                    EventRow(onset, offset, row["event_label"])
-                )
+                line = reader.line_num
+                name = os.path.basename(row.get("filename") or "")
+                fields = (row.get("onset"), row.get("offset"), row.get("event_label"))
+                if not any((value or "").strip() for value in fields):
+                    continue  # DCASE's way of listing a clip without events
+                event = _parse_event(*fields)
+                if isinstance(event, str):
+                    bad.setdefault(name, f"event table {path}, line {line}: {event}; fix or remove that line")
+                else:
+                    events.setdefault(name, []).append(event)
     except UnicodeDecodeError as err:
         raise DataError(f"event table {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    return table
+    except csv.Error as err:  # e.g. a NUL byte: the file is not a text table at all
+        raise DataError(f"event table {path}, line {line + 1}: not a tab-separated table ({err})") from None
+    return EventTable(events, bad)
+
+
+def _parse_event(onset: str | None, offset: str | None, label: str | None) -> EventRow | str:
+    """One table line as an `EventRow`, or what is wrong with it."""
+    try:
+        start, end = float(onset), float(offset)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"onset/offset must be numbers, got {onset!r}, {offset!r}"
+    if not (0 <= start <= end and math.isfinite(end)):
+        return "need 0 <= onset <= offset"
+    if not (label or "").strip():
+        return "event_label is empty"
+    return EventRow(start, end, label)  # type: ignore[arg-type]
 
 
 def event_frames(

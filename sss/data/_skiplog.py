@@ -16,7 +16,9 @@ class SkipLog:
 
     Every process and DataLoader worker appends to the same file with single ``O_APPEND`` writes
     (atomic for short lines), so the main process sees what its workers skipped without any
-    channel back from them. `rows` deduplicates: a bad file met again next epoch counts once.
+    channel back from them. `rows` deduplicates: a bad file met again next epoch counts once. The
+    file starts with the header ``manifest,row,file,reason``, so the path an error message names
+    opens as a table.
 
     Example:
         >>> import tempfile
@@ -36,7 +38,11 @@ class SkipLog:
     def record(self, manifest: str, row: int, file: str, reason: str) -> None:
         """Append one skipped row."""
         buffer = _csv_line([manifest, str(row), file, reason.replace("\n", " ")])
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+            buffer = _csv_line(list(self.FIELDS)) + buffer  # the writer that creates the file gives it its header
+        except FileExistsError:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, buffer.encode())
         finally:
@@ -49,6 +55,8 @@ class SkipLog:
         seen: dict[tuple[str, str], dict[str, Any]] = {}
         with open(self.path, newline="", encoding="utf-8") as handle:
             for values in csv.reader(handle):
+                if tuple(values) == self.FIELDS:
+                    continue  # the header; when two processes start at once it can land after the other's first line
                 if len(values) == 4 and (values[0], values[1]) not in seen:
                     seen[values[0], values[1]] = {"manifest": values[0], "row": int(values[1]), "file": values[2]}
                     seen[values[0], values[1]]["reason"] = values[3]

@@ -38,8 +38,9 @@ from sss.data._decode import DataError, file_lock, single_thread
 
 __all__ = ["CACHE_VERSION", "FeatureCache", "LogMel", "attach_feature_cache", "cache_key"]
 
-CACHE_VERSION = 1
-"""Bump when what the cache stores changes, so old caches are rebuilt."""
+CACHE_VERSION = 2
+"""Bump when what the cache stores changes, so old caches are rebuilt (2: large images box-reduced
+before resizing, thin images accepted, the skipped rows' files named exactly)."""
 
 
 class LogMel:
@@ -222,7 +223,7 @@ class _Decode(Dataset[tuple[int, Any]]):
         except DataError as err:
             if self.dataset.on_error == "raise":
                 raise
-            return index, str(err)
+            return index, err  # pickled with its file and reason, which the skip log lists
         mel = None
         if wave is not None:
             self.logmel = self.logmel or LogMel(self.dataset.sample_rate, self.n_mels)
@@ -236,8 +237,6 @@ def _as_list(items: list[Any]) -> list[Any]:
 
 def _build(dataset: Any, folder: Path, n_mels: int, num_workers: int) -> None:
     from numpy.lib.format import open_memmap
-
-    from sss.data.manifest import _split_reason
 
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -256,8 +255,8 @@ def _build(dataset: Any, folder: Path, n_mels: int, num_workers: int) -> None:
         with single_thread():  # numpy writes and tiny torch ops: one thread is fastest (see single_thread)
             for batch in loader:
                 for index, result in batch:
-                    if isinstance(result, str):
-                        bad.append([index, *_split_reason(result)])
+                    if isinstance(result, DataError):
+                        bad.append([index, result.file, result.reason or str(result)])
                         continue
                     image, mask, mel, starts[index] = result
                     for name, value in (("images", image), ("masks", mask), ("audio", mel)):

@@ -12,18 +12,24 @@ import statistics
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
+from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
 from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
 from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
 
 __all__ = ["ManifestDataModule"]
+
+MIN_INFERRED_CLIP_SECONDS = 0.025
+"""The shortest clip length `setup` infers: one analysis window of the log-mel front-end (25 ms).
+Typical clips shorter than that hold no usable sound, so the inference would only produce a
+0-sample tensor (clips under 5 ms rounded to 0 s) that fails later, inside the model."""
 
 
 class ManifestDataModule(DataModule):
@@ -47,7 +53,8 @@ class ManifestDataModule(DataModule):
         prefetch_factor: Batches each worker prepares ahead.
         image_size: Side of the square image (and mask) tensors.
         sample_rate: Audio rate in Hz; must equal the model's front-end rate.
-        clip_seconds: Audio clip length; None: the median duration of up to 64 training files.
+        clip_seconds: Audio clip length; None: the median duration of up to 64 training files (setup
+            refuses to infer less than `MIN_INFERRED_CLIP_SECONDS`: set it then).
         augment: Random-resized-crop and horizontal flip of images (and masks) in training.
         event_frame_rate: Frames per second of ``"events"`` targets (the models resample in time).
         n_mels: Mel bins of cached features (``cache="features"``); must equal the model's ``n_mels``.
@@ -56,7 +63,7 @@ class ManifestDataModule(DataModule):
         cache_dir: Where feature caches live; None: ``$SSS_CACHE`` or ``~/.cache/sss``.
         on_error: ``"raise"`` (one error naming the row, the file and the fix) or ``"skip"``
             (the row is left out, counted in `skipped`, and written by `write_skipped`).
-        allow_outside_root: Accept manifest paths that leave ``root`` (absolute or through ``..``).
+        allow_outside_root: Accept manifest paths that leave ``root`` (absolute, through ``..`` or a symbolic link).
         seed: Seed of the training shuffle.
 
     Example:
@@ -81,24 +88,24 @@ class ManifestDataModule(DataModule):
         self,
         root: str | None = None,
         *,
-        layout: str = "manifest",
-        fold: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
+        layout: Literal["manifest", "esc50", "urbansound8k", "desed", "istd", "sbu"] = "manifest",
+        fold: PositiveInt | None = None,
+        batch_size: PositiveInt = 32,
+        num_workers: NonNegativeInt = 0,
         pin_memory: bool = False,
         persistent_workers: bool = True,
-        prefetch_factor: int = 2,
-        image_size: int = 64,
-        sample_rate: int = 16000,
-        clip_seconds: float | None = None,
+        prefetch_factor: PositiveInt = 2,
+        image_size: PositiveInt = 64,
+        sample_rate: PositiveInt = 16000,
+        clip_seconds: PositiveFloat | None = None,
         augment: bool = True,
-        event_frame_rate: float = 100.0,
-        n_mels: int = 64,
-        cache: str | None = None,
+        event_frame_rate: PositiveFloat = 100.0,
+        n_mels: PositiveInt = 64,
+        cache: Literal["features"] | None = None,
         cache_dir: str | None = None,
-        on_error: str = "raise",
+        on_error: Literal["raise", "skip"] = "raise",
         allow_outside_root: bool = False,
-        seed: int = 0,
+        seed: NonNegativeInt = 0,
     ) -> None:
         super().__init__()
         if layout not in LAYOUTS:
@@ -270,7 +277,11 @@ class ManifestDataModule(DataModule):
 
 
 def _infer_clip_seconds(root: Path, found: SplitRows) -> float:
-    """The median duration of up to 64 evenly spaced training clips, rounded to 10 ms (1.0 without audio)."""
+    """The median duration of up to 64 evenly spaced training clips, rounded to 10 ms (1.0 without audio).
+
+    Raises:
+        DataError: The median is below `MIN_INFERRED_CLIP_SECONDS`; the message says to set ``data.clip_seconds``.
+    """
     paths = [row.get("audio") for _, row in found.rows if row.get("audio")]
     step = max(len(paths) // 64, 1)
     durations = []
@@ -281,4 +292,14 @@ def _infer_clip_seconds(root: Path, found: SplitRows) -> float:
         except (RuntimeError, OSError, ValueError, ZeroDivisionError):
             continue  # bad files are reported when their row is checked or loaded
     positive = [d for d in durations if d > 0]
-    return round(statistics.median(positive), 2) if positive else 1.0
+    if not positive:
+        return 1.0
+    median = statistics.median(positive)
+    if median < MIN_INFERRED_CLIP_SECONDS:
+        raise DataError(
+            f"{found.source}: cannot infer the clip length: the median duration of {len(positive)} audio file(s) "
+            f"is {median * 1000:.1f} ms, shorter than one {MIN_INFERRED_CLIP_SECONDS * 1000:g} ms analysis window; "
+            "set data.clip_seconds to the length every clip should be padded or cropped to (e.g. "
+            "data.clip_seconds=1.0), or check the files (a wrong sample rate in their headers?)"
+        )
+    return round(median, 2)

@@ -3,7 +3,7 @@
 Every reader returns the same thing, so checking, decoding, error messages and the skip policy
 are shared: `SplitRows` (the file the rows came from, and per row its line number and a dict
 with ``image`` / ``audio`` / ``mask`` paths relative to the root, ``label`` or ``labels``, and
-``events``, the path of a DCASE strong-label table). Layouts (``../shared/design/DOMAIN.md`` §4):
+``events``, the path of a DCASE strong-label table). Layouts (each dataset's own published folder layout):
 
 =================  ==============================================================  ===========
 layout             what it reads (ROOT = the folder given as ``root``)              modalities
@@ -212,7 +212,8 @@ def _desed(root: Path, split: str, fold: int | None) -> SplitRows | None:
             break
     else:
         return None
-    events = read_event_table(table)
+    # Malformed lines are charged to their clip's row when the rows are checked, not to the whole split.
+    events = read_event_table(table).events
     classes = sorted({e.label for rows in events.values() for e in rows})
     files = sorted(p.name for p in audio.iterdir() if p.suffix.lower() in (".wav", ".flac", ".ogg", ".mp3"))
     rel_table = os.path.relpath(table, root)

@@ -29,6 +29,7 @@ from sss.data._decode import (
     IMAGENET_STD,
     Crop,
     DataError,
+    EventTable,
     describe,
     event_frames,
     load_audio,
@@ -111,7 +112,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         augment: Image augmentation in training.
         event_frame_rate: Frames per second of ``"events"``.
         on_error: ``"raise"`` or ``"skip"``.
-        allow_outside_root: Accept absolute paths and ``..`` that leave ``root``.
+        allow_outside_root: Accept absolute paths, ``..`` and symbolic links that leave ``root``.
         skip_log: Where skipped rows are recorded (``on_error="skip"``); None: a temporary file.
         require_label: Refuse a manifest without ``label``/``labels`` (False for prediction inputs).
         seed: Seed of the augmentation: a sample's crops and flips are a function of (seed, epoch, index).
@@ -149,7 +150,11 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+        if not clip_seconds > 0:  # a 0-sample clip only fails later, inside the model, with no hint why
+            raise ValueError(f"data.clip_seconds must be > 0 (seconds of audio per sample), got {clip_seconds!r}")
         self.root = Path(root)
+        self._real_root = os.path.realpath(self.root)  # where links inside the root must stay
+        self._real_dirs: dict[str, str] = {}  # resolved folders: most rows share a few, so resolve each once
         self.split, self.layout = split, layout
         found = read_split(layout, self.root, split, fold)
         if found is None:
@@ -167,7 +172,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         self.num_frames = round(clip_seconds * event_frame_rate)
         self._check_header(found)
         self.event_classes = event_classes if event_classes is not None else self._default_event_classes(found)
-        self._tables: dict[str, dict[str, list[Any]]] = {}
+        self._tables: dict[str, EventTable | str] = {}
         self._bad: set[int] = set()
         self.cache: Any = None  # a FeatureCache once `attach_cache` ran
         self._build(found)
@@ -201,7 +206,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             full = self._resolve(str(table))
             if isinstance(full, str) and os.path.isfile(full):
                 try:
-                    labels |= {e.label for rows in read_event_table(full).values() for e in rows}
+                    labels |= {e.label for rows in read_event_table(full).events.values() for e in rows}
                 except DataError:
                     continue  # reported, with the row that uses it, when the rows are checked
         return sorted(labels)
@@ -225,7 +230,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
                     raise DataError(f"duplicates line {seen[key]} (every column equal); remove one of them")
                 seen[key] = line
             except DataError as err:
-                problems.append((line, _first_file(row), str(err)))
+                # The file at fault; a problem with the row itself (label, duplicate) names its first file.
+                problems.append((line, err.file or self._first_file(row), str(err)))
                 continue
             for name, value in zip(("images", "audio", "masks"), parsed[:3], strict=True):
                 if value is not None:
@@ -239,10 +245,14 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             raise DataError(f"{self.source}, line {line}: {reason}{more}; {SKIP_HINT}")
         for line, file, reason in problems:
             self.skip_log.record(self.source, line, file, reason)
-        if not self.lines:
+        if not self.lines and problems:
+            line, _, reason = problems[0]
             raise DataError(
-                f"{self.source}: no usable rows" + (" (all were skipped; see the skipped rows)" if problems else "")
+                f"{self.source}: no usable rows: all {len(problems)} were skipped (first: line {line}: {reason}); "
+                f"the skipped rows are listed in {self.skip_log.path}"
             )
+        if not self.lines:
+            raise DataError(f"{self.source}: no usable rows")
 
     def _parse_row(self, row: dict[str, Any], index: dict[str, int]) -> tuple[Any, ...]:
         if "__error__" in row:
@@ -277,13 +287,29 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     def _resolve(self, value: str) -> str | DataError:
         value = value.strip()
         full = os.path.normpath(os.path.join(self.root, value))
-        inside = os.path.commonpath([os.path.abspath(full), os.path.abspath(self.root)]) == os.path.abspath(self.root)
-        if not self.allow_outside_root and (os.path.isabs(value) or not inside):
-            return DataError(
-                f"path {value!r} leaves the dataset folder {self.root}; move the file inside it, "
-                "or set data.allow_outside_root=true if that is intended"
+        if self.allow_outside_root:
+            return full
+        fix = "move the file inside it, or set data.allow_outside_root=true if that is intended"
+        if os.path.isabs(value) or not _inside(os.path.abspath(full), os.path.abspath(self.root)):
+            err = DataError(f"path {value!r} leaves the dataset folder {self.root}; {fix}")
+        else:
+            # A symbolic link can lead out as surely as "..": compare where it really points.
+            real = self._realpath(full)
+            if _inside(real, self._real_root):
+                return full
+            err = DataError(
+                f"path {value!r} leaves the dataset folder {self.root} through a symbolic link to {real}; {fix}"
             )
-        return full
+        err.file = full
+        return err
+
+    def _realpath(self, full: str) -> str:
+        """``os.path.realpath(full)``, with the folder part cached (a full resolve per row doubled the check's time)."""
+        folder, name = os.path.split(full)
+        if folder not in self._real_dirs:
+            self._real_dirs[folder] = os.path.realpath(folder)
+        real = os.path.join(self._real_dirs[folder], name)
+        return os.path.realpath(real) if os.path.islink(real) else real
 
     def _checked_file(self, value: Any, column: str) -> str:
         if value is None or str(value).strip() == "":
@@ -292,23 +318,38 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         if isinstance(full, DataError):
             raise full
         if not os.path.exists(full):
-            raise DataError(f"{column} file not found: {full}")
+            raise _file_error(f"{column} file not found: {full}", full)
         if not os.path.isfile(full):
-            raise DataError(f"{column} path {full} is a directory, not a file")
+            raise _file_error(f"{column} path {full} is a directory, not a file", full)
         return full
 
     def _row_events(self, table: str, audio: str | None) -> tuple[tuple[float, float, int], ...]:
         path = self._checked_file(table, "events")
         if path not in self._tables:
-            self._tables[path] = read_event_table(path)
+            try:
+                self._tables[path] = read_event_table(path)
+            except DataError as err:  # the whole table is unreadable: kept, so it is parsed once, not once per row
+                self._tables[path] = str(err)
+        parsed = self._tables[path]
+        if isinstance(parsed, str):
+            raise _file_error(parsed, path)
         name = os.path.basename(audio or "")
+        if name in parsed.bad:  # only this clip's rows: the other clips of a shared table keep their events
+            raise _file_error(parsed.bad[name], path)
         index = {name: i for i, name in enumerate(self.event_classes)}
         out = []
-        for event in self._tables[path].get(name, []):
+        for event in parsed.events.get(name, []):
             if event.label not in index:
-                raise DataError(f"event label {event.label!r} of {name} in {path} is not in the event classes")
+                raise _file_error(f"event label {event.label!r} of {name} in {path} is not in the event classes", path)
             out.append((event.onset, event.offset, index[event.label]))
         return tuple(out)
+
+    def _first_file(self, row: dict[str, Any]) -> str:
+        """The row's first file, which names it in the skip log when no single file is at fault."""
+        for column in ("audio", "image", "mask", "events"):
+            if row.get(column):
+                return os.path.normpath(os.path.join(self.root, str(row[column]).strip()))
+        return ""
 
     # --- loading ------------------------------------------------------------------------------------------
 
@@ -403,7 +444,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
                 return self._load(row)
             except DataError as err:
                 self._bad.add(row)
-                self.skip_log.record(self.source, self.lines[row], *_split_reason(str(err)))
+                self.skip_log.record(self.source, self.lines[row], err.file, err.reason or str(err))
         raise DataError(f"{self.source}: every row failed to load; see the skipped rows in {self.skip_log.path}")
 
     def _load(self, index: int) -> dict[str, Any]:
@@ -463,7 +504,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         except Exception as err:  # an unexpected decoder failure must still name the file, not be a bare traceback
             reason = f"failed to load: {type(err).__name__}: {describe(str(err))}"
         hint = "" if self.on_error == "skip" else f"; {SKIP_HINT}"
-        raise DataError(f"{self.source}, line {self.lines[index]}: {kind} file {path} {reason}{hint}")
+        raise _file_error(f"{self.source}, line {self.lines[index]}: {kind} file {path} {reason}{hint}", path, reason)
 
     def attach_cache(self, cache: Any) -> None:
         """Serve images, masks and audio features from a `FeatureCache` (see `sss.data.cache`)."""
@@ -490,7 +531,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_tables"] = {}  # parsed at construction; workers do not need them
+        state["_tables"], state["_real_dirs"] = {}, {}  # built at construction; workers do not need them
         return state
 
 
@@ -522,20 +563,15 @@ def collate(samples: list[Any]) -> Any:
     return default_collate(samples)
 
 
-def _first_file(row: dict[str, Any]) -> str:
-    for column in ("audio", "image", "mask", "events"):
-        if row.get(column):
-            return str(row[column])
-    return ""
+def _file_error(message: str, file: str, reason: str = "") -> DataError:
+    """A `DataError` that also carries the file at fault (and the bare reason), which the skip log lists."""
+    err = DataError(message)
+    err.file, err.reason = file, reason
+    return err
 
 
-def _split_reason(message: str) -> tuple[str, str]:
-    """(file, reason) out of "<source>, line N: <kind> file <path> <reason>" for the skip log."""
-    rest = message.split(": ", 1)[-1]
-    parts = rest.split(" ", 3)
-    if len(parts) == 4 and parts[1] == "file":
-        return parts[2], parts[3]
-    return "", rest
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _default_classes(root: Path, found: SplitRows) -> list[str]:

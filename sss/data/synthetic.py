@@ -33,10 +33,11 @@ import wave
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
 from sss.data._decode import file_lock
 from sss.data._render import EVENT_TYPES, Event, render_audio, render_image
 from sss.data.folder import ManifestDataModule
@@ -332,20 +333,20 @@ class IndustrialDataModule(ManifestDataModule):
         self,
         root: str | os.PathLike[str] | None = None,
         *,
-        n_train: int = 2000,
-        n_val: int = 400,
-        n_test: int = 400,
-        seed: int = 0,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        image_size: int = 64,
-        sample_rate: int = 16000,
-        clip_seconds: float = 1.0,
+        n_train: PositiveInt = 2000,
+        n_val: NonNegativeInt = 400,
+        n_test: NonNegativeInt = 400,
+        seed: NonNegativeInt = 0,
+        batch_size: PositiveInt = 32,
+        num_workers: NonNegativeInt = 0,
+        image_size: PositiveInt = 64,
+        sample_rate: PositiveInt = 16000,
+        clip_seconds: PositiveFloat = 1.0,
         pin_memory: bool = False,
         augment: bool = False,
-        cache: str | None = None,
+        cache: Literal["features"] | None = None,
         cache_dir: str | None = None,
-        n_mels: int = 64,
+        n_mels: PositiveInt = 64,
     ) -> None:
         self.generator_args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds)
         super().__init__(

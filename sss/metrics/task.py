@@ -1,17 +1,19 @@
-"""The metrics of a task, picked from what the gathered evaluation outputs hold."""
+"""The evaluation values and metrics of each task: `task_outputs` per batch, `task_metrics` over the gathered set."""
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 from torch import Tensor
 
 from sss.metrics.classification import multiclass_metrics, multilabel_metrics
 from sss.metrics.sed import sed_metrics
-from sss.metrics.shadow import shadow_metrics
+from sss.metrics.shadow import mask_counts, shadow_metrics
 
-__all__ = ["HEADLINE", "PER_CLASS_UP_TO", "task_metrics"]
+__all__ = ["HEADLINE", "PER_CLASS_UP_TO", "task_metrics", "task_outputs"]
 
 PER_CLASS_UP_TO = 32
 """Per-class keys (``f1/<class>``, ``ap/<class>``, ...) are reported by default up to this many classes."""
@@ -20,13 +22,50 @@ HEADLINE = ("accuracy", "macro_f1", "map", "event_f1", "segment_f1", "ber")
 """The metrics that the modality ablation reports per modality and as a fusion gain, where present."""
 
 
+def task_outputs(outputs: Any, batch: dict[str, Any], *, clip_seconds: float | None = None) -> dict[str, Tensor]:
+    """Per-sample evaluation values of the sound-event and shadow-mask tasks whose output and target are present.
+
+    - sound events (``outputs["events"]`` logits ``[B, T', E]`` and ``batch["events"]``, with a known
+      `clip_seconds`): ``event_probs`` ``[B, T', E]``, ``event_target`` ``[B, T, E]`` and
+      ``clip_seconds`` ``[B]``;
+    - shadow masks (``outputs["mask"]`` logits and ``batch["mask"]``): ``mask_counts`` ``[B, 4]`` pixel
+      counts (`sss.metrics.mask_counts`), so the dataset-level BER needs no full-resolution masks gathered.
+
+    A model's ``validation_outputs`` adds these to its loss and class values (`HunterModule` does);
+    `task_metrics` turns the gathered values into metrics.
+
+    Args:
+        outputs: What the model's ``forward`` returned; only a dict holds these tasks' outputs.
+        batch: The evaluation batch with its targets.
+        clip_seconds: Length of the batch's audio clips in seconds, which event metrics need; None
+            leaves the event values out.
+
+    Example:
+        >>> out = {"events": torch.zeros(2, 5, 3), "mask": torch.zeros(2, 1, 4, 4)}
+        >>> batch = {"events": torch.zeros(2, 10, 3), "mask": torch.ones(2, 1, 8, 8)}
+        >>> {key: tuple(value.shape) for key, value in task_outputs(out, batch, clip_seconds=1.0).items()}
+        {'event_probs': (2, 5, 3), 'event_target': (2, 10, 3), 'clip_seconds': (2,), 'mask_counts': (2, 4)}
+    """
+    result: dict[str, Tensor] = {}
+    if not isinstance(outputs, dict):
+        return result
+    if "events" in outputs and "events" in batch and clip_seconds is not None:
+        events = outputs["events"]
+        result["event_probs"] = events.float().sigmoid()
+        result["event_target"] = batch["events"]
+        result["clip_seconds"] = torch.full((events.shape[0],), clip_seconds, device=events.device)
+    if "mask" in outputs and "mask" in batch:
+        result["mask_counts"] = mask_counts(outputs["mask"].float().sigmoid(), batch["mask"])
+    return result
+
+
 def task_metrics(
     outputs: dict[str, Tensor],
     *,
     class_names: Sequence[str] | None = None,
     select: Sequence[str] | None = None,
 ) -> dict[str, float]:
-    """Dataset-level metrics for every task whose outputs are present (see `LitModule.validation_step`).
+    """Dataset-level metrics for every task whose outputs are present (`LitModule.validation_outputs`, `task_outputs`).
 
     - ``scores`` + ``target`` (class indices): `multiclass_metrics`;
     - ``scores`` + ``labels`` (multi-hot): `multilabel_metrics`;

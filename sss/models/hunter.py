@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sss.metrics.task import task_outputs
 from sss.models.audio.ast import AudioSpectrogramTransformer
 from sss.models.audio.cnn import AudioCNN
 from sss.models.audio.frontend import LogMelFrontend
@@ -89,6 +90,9 @@ class HunterModule(LitModule):
             the datamodule's ``modalities``.
         metrics: Evaluation metrics to keep, by name with ``*`` wildcards (``["accuracy*", "event_f1"]``);
             None keeps the task's defaults (docs/metrics.md).
+        grad_checkpointing: Recompute activations in the backward pass (every branch, as
+            `set_grad_checkpointing`): less activation memory for a second forward pass. From YAML or the CLI:
+            ``model.grad_checkpointing=true``.
 
     Raises:
         ValueError: An unknown fusion or audio encoder name, ``heads`` not dividing ``dim``, an
@@ -138,6 +142,7 @@ class HunterModule(LitModule):
         loss_weights: Mapping[str, float] | None = None,
         modalities: Sequence[str] = ("image", "audio"),
         metrics: Sequence[str] | None = None,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.metrics = list(metrics) if metrics is not None else None
@@ -175,6 +180,8 @@ class HunterModule(LitModule):
             self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
         self.event_head = EventHead(dim, num_event_classes) if num_event_classes > 0 else None
         self.mask_head = MaskHead(dim, mask_upsample) if mask_head else None
+        if grad_checkpointing:  # a flag on the parts built above: it changes no weight
+            self.set_grad_checkpointing(True)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Encode the modalities present, drop some in training, fuse, and run the heads.
@@ -326,6 +333,54 @@ class HunterModule(LitModule):
             target = resize_mask(batch["mask"], tuple(pred.shape[-2:]))
             losses["mask"] = F.binary_cross_entropy_with_logits(pred, target.to(pred.dtype))
         return losses
+
+    def validation_outputs(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> dict[str, Tensor]:
+        """`LitModule.validation_outputs` (loss, class scores) plus the sound-event and shadow-mask values.
+
+        The event and mask values come from `sss.metrics.task.task_outputs` where the heads' outputs
+        and their targets are present; event values need the clip length (`clip_seconds`).
+
+        Args:
+            outputs: `forward`'s dict (or bare clip logits).
+            batch: The evaluation batch.
+
+        Returns:
+            Per-sample values: ``loss``, ``scores``/``preds``/``target`` (or ``labels``), and
+            ``event_probs``/``event_target``/``clip_seconds`` and ``mask_counts`` where they apply.
+
+        Example:
+            >>> import torch
+            >>> model = HunterModule(num_classes=2, image_encoder="test_resnet", dim=8, audio_width=4, heads=2,
+            ...                      mask_head=True).eval()
+            >>> batch = {"image": torch.randn(2, 3, 64, 64), "audio": torch.randn(2, 1, 8000)}
+            >>> batch |= {"label": torch.tensor([0, 1]), "mask": torch.zeros(2, 1, 64, 64)}
+            >>> sorted(model.validation_outputs(model(batch), batch))
+            ['loss', 'mask_counts', 'preds', 'scores', 'target']
+        """
+        result = super().validation_outputs(outputs, batch)
+        return result | task_outputs(outputs, batch, clip_seconds=self.clip_seconds(batch))
+
+    def clip_seconds(self, batch: dict[str, Any]) -> float | None:
+        """Length in seconds of the batch's audio clips, which event metrics need; None when unknown.
+
+        Read from ``batch["clip_seconds"]`` when the data provides it, else from the audio and the
+        audio encoder's ``frontend`` (its ``sample_rate``, and ``hop_length`` for log-mel features).
+
+        Example:
+            >>> import torch
+            >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2)
+            >>> model.clip_seconds({"audio": torch.zeros(2, 1, 8000)}), model.clip_seconds({"clip_seconds": 10.0})
+            (0.5, 10.0)
+        """
+        if "clip_seconds" in batch:
+            return float(torch.as_tensor(batch["clip_seconds"]).flatten()[0])
+        frontend = getattr(self.audio_encoder, "frontend", None)
+        audio, rate = batch.get("audio"), getattr(frontend, "sample_rate", None)
+        if not isinstance(audio, Tensor) or rate is None:
+            return None
+        if audio.ndim == 4:  # cached log-mel [B, 1, M, T] of centred frames: T = S // hop + 1
+            return (audio.shape[-1] - 1) * frontend.hop_length / rate
+        return audio.shape[-1] / rate
 
     def set_grad_checkpointing(self, enabled: bool = True, branches: Iterable[str] | None = None) -> None:
         """Turn activation checkpointing on or off per branch: ``image``, ``audio``, ``fusion`` (None = all).

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["create_model", "list_models", "model_class", "register_model"]
+__all__ = ["create_model", "list_models", "model_class", "register_model", "trusted_targets"]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,6 +78,52 @@ def create_model(name: str, **overrides: Any) -> Any:
     """
     fn = _entrypoint(name)
     return fn(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def trusted_targets() -> frozenset[str]:
+    """The ``_target_`` dotted names a model folder's ``config.yaml`` may name without ``trust_code``.
+
+    The one allowlist of `sss.load_model` and ``sss predict``: `create_model` (as ``sss.create_model``,
+    ``sss.models.create_model`` and ``sss.models.registry.create_model``), every registered entrypoint
+    and the class it returns, the modules `sss.models` exports (encoders, fusions, heads,
+    `HunterModule`), each under its ``sss.models`` name and its defining module's name, and the test
+    model ``sss.testing.BoringModule``. Entrypoints registered by a user's own package count: that
+    package is already imported, so building them imports nothing new. Names are compared as
+    strings, so checking a config against this set imports nothing it names.
+
+    Example:
+        >>> names = trusted_targets()
+        >>> {"sss.models.create_model", "sss.models.HunterModule", "sss.models.hunter.hunter_tiny"} <= names
+        True
+        >>> "os.system" in names
+        False
+    """
+    from torch import nn
+
+    import sss.models as family
+
+    objects: list[Any] = [create_model, *_entrypoints_and_classes()]
+    names = {"sss.create_model", "sss.models.create_model", "sss.testing.BoringModule"}
+    for export in family.__all__:
+        obj = getattr(family, export)
+        if (inspect.isclass(obj) and issubclass(obj, nn.Module)) or obj in _REGISTRY.values():
+            names.add(f"sss.models.{export}")
+            objects.append(obj)
+    names.update(f"{obj.__module__}.{obj.__qualname__}" for obj in objects)
+    return frozenset(names)
+
+
+def _entrypoints_and_classes() -> list[Any]:
+    found: list[Any] = []
+    for name in list_models():
+        found.append(_REGISTRY[name])
+        try:
+            cls = model_class(name)
+        except Exception:  # an annotation that no longer evaluates: the entrypoint alone is trusted
+            continue
+        if cls is not None:
+            found.append(cls)
+    return found
 
 
 def _import_families() -> None:

@@ -14,9 +14,18 @@ __all__ = ["predict"]
 
 
 def predict(
-    model_dir: str | Path, manifest: str | Path, output: str | Path, batch_size: int = 32, device: str = "cpu"
+    model_dir: str | Path,
+    manifest: str | Path,
+    output: str | Path,
+    batch_size: int = 32,
+    device: str = "cpu",
+    trust_code: bool = False,
 ) -> Path:
     """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
+
+    The model is built with `sss.load_model`: a folder whose config names code outside sss's
+    registered models raises `sss.model_folder.UntrustedCodeError` before anything is imported,
+    unless `trust_code` (``sss predict --trust-code``).
 
     `manifest` is a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns,
     paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
@@ -34,7 +43,7 @@ def predict(
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
     prep_file = model_dir / PREPROCESSING
     prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
-    module = load_model(model_dir, device)
+    module = load_model(model_dir, device, trust_code=trust_code)
     settings = {key: prep[key] for key in SETTINGS if key in prep}
     dataset = ManifestDataset(
         manifest.parent, manifest.stem, classes=prep.get("classes"), require_label=False, **settings

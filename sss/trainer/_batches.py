@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["batch_size", "first_batches", "own_buffer_storage", "split_batch"]
+__all__ = ["batch_size", "first_batches", "own_buffer_storage", "split_batch", "step_loss"]
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -85,3 +85,16 @@ def batch_size(batch: Any) -> int:
         if isinstance(value, Tensor) and value.ndim > 0:
             return value.shape[0]
     return 1
+
+
+def step_loss(out: Any) -> Tensor:
+    """The loss to backpropagate in what ``training_step`` returned: the tensor itself or its ``"loss"`` entry.
+
+    Example:
+        >>> step_loss({"loss": torch.tensor(0.5), "logits": torch.zeros(2, 3)})
+        tensor(0.5000)
+    """
+    loss = out["loss"] if isinstance(out, dict) else out
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}")
+    return loss

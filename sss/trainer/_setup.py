@@ -1,38 +1,28 @@
-"""How `SSSTrainer` is set up: the Accelerator from the config and the precision choice."""
+"""How `SSSTrainer` is set up: the Accelerator from the config, the precision choice, the optimizer."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import inspect
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 
-from sss.config import ConfigError, TrainerConfig
+from sss.config import ConfigError, OptimConfig, TrainerConfig, instantiate, resolve_target
+
+if TYPE_CHECKING:
+    from sss.trainer.module import LitModule
 
 __all__ = [
     "build_accelerator",
+    "build_optimizer",
     "fast_dev_config",
     "resolve_precision",
     "use_cpu",
     "with_overrides",
 ]
-
-
-def cache_package_probes() -> None:
-    """Cache Accelerate's per-step probe for an optional package (a no-op after the first call).
-
-    Example:
-        >>> cache_package_probes()
-    """
-    # AcceleratedOptimizer.step searches sys.path for the optional lomo_optim package twice per
-    # step (~65 µs measured here); whether it is installed cannot change mid-run.
-    import accelerate.optimizer
-
-    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
-        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
 
 
 def use_cpu(requested: bool) -> bool:
@@ -140,3 +130,29 @@ def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:
         checkpoint=dataclasses.replace(cfg.checkpoint, every_epoch=False, every_n_steps=None),
         log=dataclasses.replace(cfg.log, trackers=[]),
     )
+
+
+def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer of ``trainer.optim`` over ``module.parameter_groups(weight_decay)``, and its scheduler (or None).
+
+    The optimizer's ``weight_decay`` applies to the groups `LitModule.parameter_groups` decays. The
+    scheduler's ``_target_`` receives the optimizer and, when it accepts ``total_steps`` and the
+    config does not set it, `total_steps`: the optimizer steps of the whole run.
+
+    Example:
+        >>> from sss.testing import BoringModule
+        >>> spec = {"_target_": "torch.optim.AdamW", "lr": 0.01, "weight_decay": 0.1}
+        >>> sched = {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 2}
+        >>> optimizer, scheduler = build_optimizer(OptimConfig(optimizer=spec, scheduler=sched), BoringModule(), 10)
+        >>> [group["weight_decay"] for group in optimizer.param_groups], scheduler is not None
+        ([0.1, 0.0], True)
+    """
+    spec = dict(optim.optimizer)
+    optimizer = instantiate(spec, module.parameter_groups(float(spec.get("weight_decay", 0.0))))
+    if optim.scheduler is None:
+        return optimizer, None
+    extra: dict[str, Any] = {}
+    target = resolve_target(optim.scheduler["_target_"])
+    if "total_steps" in inspect.signature(target).parameters and "total_steps" not in optim.scheduler:
+        extra["total_steps"] = total_steps
+    return optimizer, instantiate(dict(optim.scheduler), optimizer, **extra)

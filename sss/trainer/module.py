@@ -1,15 +1,19 @@
-"""`LitModule`: the model a user subclasses. Encoders, a fusion head and `compute_loss`; no hooks."""
+"""`LitModule`: the model a user subclasses. Encoders, a fusion head and `compute_loss`; no hooks.
+
+A plain `nn.Module` contract: every method gets what it needs as arguments (the trainer passes the
+class names, builds the optimizer over `LitModule.parameter_groups`), so a module is used and
+tested without a trainer.
+"""
 
 from __future__ import annotations
 
-import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from sss.trainer.trainer import SSSTrainer
+from sss.trainer._batches import batch_size
 
 __all__ = ["LitModule", "output_logits"]
 
@@ -21,7 +25,7 @@ class LitModule(nn.Module):
 
     Subclasses set the three parts in ``__init__`` and implement `compute_loss`. The defaults
     below cover the usual case; override any of them. Lifecycle code belongs in callbacks:
-    the module has no ``on_*`` hooks.
+    the module has no ``on_*`` hooks, and no reference to the trainer that runs it.
 
     Example:
         >>> import torch
@@ -49,8 +53,6 @@ class LitModule(nn.Module):
     image_encoder: nn.Module | None
     audio_encoder: nn.Module | None
     fusion_head: nn.Module | None
-    trainer: SSSTrainer | None
-    """The trainer running this module (set by `SSSTrainer`); None outside a run."""
     metrics: list[str] | None = None
     """Metric names `compute_metrics` keeps (``*`` wildcards; the loss always); None: the task's defaults."""
 
@@ -59,7 +61,6 @@ class LitModule(nn.Module):
         self.image_encoder = None
         self.audio_encoder = None
         self.fusion_head = None
-        self.trainer = None
 
     def forward(self, batch: Batch) -> Any:
         """Encode each modality present in the batch and fuse them.
@@ -89,112 +90,98 @@ class LitModule(nn.Module):
         return self.compute_loss(self(batch), batch)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
-        """Per-sample outputs of one evaluation batch; every value has the batch as its first dimension.
+        """Per-sample outputs of one evaluation batch: `validation_outputs` of ``self(batch)``.
 
-        The trainer gathers them across processes (dropping the samples a distributed sampler
-        duplicated) and hands the concatenation to `compute_metrics`. The default returns the loss
-        per sample (the batch mean repeated; each sample's own in the last batch of a multi-process
-        evaluation, which the sampler may have padded, so the dataset mean stays exact) and, for
-        each task whose output and target are present:
-
-        - clip classes: ``scores`` (logits ``[B, K]``) with ``target`` (class indices; also ``preds``)
-          or ``labels`` (multi-hot);
-        - sound events: ``event_probs`` ``[B, T', E]``, ``event_target`` ``[B, T, E]`` and
-          ``clip_seconds`` ``[B]`` (from `clip_seconds`);
-        - shadow masks: ``mask_counts`` ``[B, 4]`` pixel counts (`sss.metrics.mask_counts`), so the
-          dataset-level BER needs no full-resolution masks gathered.
+        Every value has the batch as its first dimension. The trainer gathers them across processes
+        (dropping the samples a distributed sampler duplicated; it runs a possibly padded last batch
+        of a multi-process evaluation sample by sample, so a batch-mean value never mixes them in)
+        and hands the concatenation to `compute_metrics`.
         """
-        from sss.metrics import mask_counts
-        from sss.trainer._batches import batch_size, split_batch
+        return self.validation_outputs(self(batch), batch)
 
-        outputs = self(batch)
+    def validation_outputs(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
+        """The per-sample evaluation values of `forward`'s `outputs` on `batch`.
+
+        The default: ``loss`` (the batch's `compute_loss`, repeated per sample) and, when the outputs
+        hold class logits (`output_logits`): ``scores`` (logits ``[B, K]``) with ``target`` (class
+        indices) and ``preds`` for a ``"label"`` batch, or with ``labels`` (multi-hot) for a
+        ``"labels"`` batch. Models with more tasks add theirs (`HunterModule`: sound events, shadow
+        masks, via `sss.metrics.task.task_outputs`).
+
+        Example:
+            >>> from sss.testing import BoringModule, boring_loader
+            >>> module, batch = BoringModule(), next(iter(boring_loader(batch_size=4)))
+            >>> {key: tuple(value.shape) for key, value in module.validation_outputs(module(batch), batch).items()}
+            {'loss': (4,), 'scores': (4, 2), 'preds': (4,), 'target': (4,)}
+        """
         logits = output_logits(outputs)
         size = logits.shape[0] if logits is not None else batch_size(batch)
-        accelerator = getattr(self.trainer, "accelerator", None)
-        if accelerator is not None and accelerator.num_processes > 1 and accelerator.gradient_state.end_of_dataloader:
-            # One loss per sample in a last batch that a distributed sampler may have padded with
-            # repeated samples, which a batch mean would mix into the rows gather_for_metrics keeps.
-            pairs = zip(split_batch(outputs, size), split_batch(batch, size), strict=True)
-            loss = torch.stack([self.compute_loss(out, one).detach().float() for out, one in pairs])
-        else:
-            loss = self.compute_loss(outputs, batch).detach().float().expand(size)
-        result = {"loss": loss}
+        result = {"loss": self.compute_loss(outputs, batch).detach().float().expand(size)}
         if logits is not None and "label" in batch:
             result.update(scores=logits.float(), preds=logits.argmax(dim=-1), target=batch["label"])
         elif logits is not None and "labels" in batch:
             result.update(scores=logits.float(), labels=batch["labels"])
-        if not isinstance(outputs, dict):
-            return result
-        seconds = self.clip_seconds(batch)
-        if "events" in outputs and "events" in batch and seconds is not None:
-            result["event_probs"] = outputs["events"].float().sigmoid()
-            result["event_target"] = batch["events"]
-            result["clip_seconds"] = torch.full((size,), seconds, device=result["loss"].device)
-        if "mask" in outputs and "mask" in batch:
-            result["mask_counts"] = mask_counts(outputs["mask"].float().sigmoid(), batch["mask"])
         return result
 
-    def compute_metrics(self, outputs: dict[str, Tensor]) -> dict[str, float]:
+    def compute_metrics(self, outputs: dict[str, Tensor], classes: Sequence[str] | None = None) -> dict[str, float]:
         """Dataset-level metrics from the gathered `validation_step` outputs (names without a prefix).
 
         Default: mean ``loss`` plus the metrics of each task present (`sss.metrics.task_metrics`):
         accuracy, top-5 accuracy, macro/micro F1 and per-class P/R/F1 for single-label; mAP, mAUC
         and F1 for multi-label; segment- and event-based F1 and error rate for sound events; BER
         for shadow masks. Set ``metrics`` (a list of names with ``*`` wildcards) to keep fewer.
+
+        Args:
+            outputs: The gathered per-sample outputs.
+            classes: Names of the clip classes, for per-class keys (``f1/<name>``); the trainer passes
+                its datamodule's ``classes``. None: per-class keys by class index. (An override with
+                the one-argument signature ``compute_metrics(self, outputs)`` still works; the trainer
+                then passes no names.)
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> out = {"loss": torch.ones(2), "scores": torch.eye(2), "target": torch.tensor([0, 1])}
+            >>> sorted(k for k in BoringModule().compute_metrics(out, classes=["cat", "dog"]) if k.startswith("f1/"))
+            ['f1/cat', 'f1/dog']
         """
         from sss.metrics import task_metrics
 
         metrics = {"loss": float(outputs["loss"].float().mean())} if "loss" in outputs else {}
-        datamodule = getattr(self.trainer, "datamodule", None)
-        names = getattr(datamodule, "classes", None)
-        return metrics | task_metrics(outputs, class_names=list(names) if names else None, select=self.metrics)
-
-    def clip_seconds(self, batch: Batch) -> float | None:
-        """Length in seconds of the batch's audio clips, which event metrics need; None when unknown.
-
-        Read from ``batch["clip_seconds"]`` when the data provides it, else from the audio and the
-        audio encoder's ``frontend`` (its ``sample_rate``, and ``hop_length`` for log-mel features).
-        """
-        if "clip_seconds" in batch:
-            return float(torch.as_tensor(batch["clip_seconds"]).flatten()[0])
-        frontend = getattr(self.audio_encoder, "frontend", None)
-        audio, rate = batch.get("audio"), getattr(frontend, "sample_rate", None)
-        if not isinstance(audio, Tensor) or rate is None:
-            return None
-        if audio.ndim == 4:  # cached log-mel [B, 1, M, T] of centred frames: T = S // hop + 1
-            return (audio.shape[-1] - 1) * frontend.hop_length / rate
-        return audio.shape[-1] / rate
+        names = list(classes) if classes else None
+        return metrics | task_metrics(outputs, class_names=names, select=self.metrics)
 
     def predict_step(self, batch: Batch, batch_idx: int) -> Any:
         """Outputs for inference; default: `forward`."""
         return self(batch)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer | tuple[torch.optim.Optimizer, Any]:
-        """Build the optimizer (and optionally a scheduler) from ``trainer.optim`` in the config.
+    def configure_optimizers(self) -> torch.optim.Optimizer | tuple[torch.optim.Optimizer, Any] | None:
+        """Your own optimizer, or ``(optimizer, scheduler)``; the default None lets the trainer build ``trainer.optim``.
 
-        Weight decay applies to weight matrices and kernels only: biases and norm parameters
-        (tensors of one dimension) are left undecayed, as is common practice for AdamW. The
-        scheduler's ``_target_`` receives the optimizer and, when it accepts ``total_steps``,
-        the number of optimizer steps of the whole run.
+        The trainer instantiates the config's optimizer over `parameter_groups` and its scheduler
+        (with ``total_steps`` when the scheduler takes it), as torchtune instantiates
+        ``cfg.optimizer`` with the model's parameters. Override this only for what a config cannot
+        say (e.g. per-part learning rates); a scheduler returned here is stepped once per applied
+        optimizer step, like the config's.
         """
-        from sss.config import OptimConfig, instantiate
+        return None
 
-        optim = self.trainer.config.optim if self.trainer is not None else OptimConfig()
-        spec = dict(optim.optimizer)
-        decay = float(spec.get("weight_decay", 0.0))
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """The trainable parameters as optimizer groups: `weight_decay` on weight matrices and kernels only.
+
+        Biases and norm parameters (tensors of one dimension) get no decay, as is common practice
+        for AdamW. Empty groups are left out.
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> [(len(group["params"]), group["weight_decay"]) for group in BoringModule().parameter_groups(0.1)]
+            [(3, 0.1), (3, 0.0)]
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
-            {"params": [p for p in params if p.ndim > 1], "weight_decay": decay},
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
             {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
         ]
-        optimizer = instantiate(spec, [g for g in groups if g["params"]])
-        if optim.scheduler is None:
-            return optimizer
-        extra: dict[str, Any] = {}
-        target = _target_callable(optim.scheduler)
-        if "total_steps" in inspect.signature(target).parameters and "total_steps" not in optim.scheduler:
-            extra["total_steps"] = self.trainer.total_steps if self.trainer is not None else 1
-        return optimizer, instantiate(dict(optim.scheduler), optimizer, **extra)
+        return [g for g in groups if g["params"]]
 
     def modality_groups(self) -> dict[str, list[nn.Parameter]]:
         """Trainable parameters by part: ``image``, ``audio``, ``fusion`` and ``heads`` (all the rest).
@@ -225,9 +212,3 @@ def output_logits(outputs: Any) -> Tensor | None:
     if isinstance(outputs, dict) and isinstance(outputs.get("logits"), Tensor):
         return outputs["logits"]
     return None
-
-
-def _target_callable(spec: dict[str, Any]) -> Any:
-    from sss.config import resolve_target
-
-    return resolve_target(spec["_target_"])

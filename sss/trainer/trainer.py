@@ -7,10 +7,9 @@ distributed type. The map of events is in the `Event` docstring (``sss/callbacks
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import inspect
 import itertools
-import json
 import math
 import shutil
 import warnings
@@ -22,14 +21,16 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+import sss.trainer._accelerate_compat as compat  # each Accelerate workaround, with its upstream issue
 from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
-from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch
+from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss
+from sss.trainer._oom import SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._setup import (
     build_accelerator,
-    cache_package_probes,
+    build_optimizer,
     fast_dev_config,
     resolve_precision,
     use_cpu,
@@ -117,9 +118,7 @@ class SSSTrainer:
         self._epoch_finished = False
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
-        self._window: list[Any] = []  # under auto_batch_size, the window's batches (replayed after an OOM)
-        self._window_buffers: list[torch.Tensor] = []
-        self._in_synced_part = False
+        self._run_batch: Any = self._forward_backward  # a SplittingRunner under trainer.auto_batch_size
 
     @property
     def output_dir(self) -> Path:
@@ -190,9 +189,7 @@ class SSSTrainer:
         batches = self.accelerator.skip_first_batches(loader, start) if start else loader
         for batch_idx, batch in enumerate(batches, start=start):
             if limit is not None and batch_idx + 1 >= limit:
-                # The epoch ends here, before the loader does: make accumulate() close the window
-                # as it does at a loader's end (its counter syncs when it reaches a multiple).
-                self.accelerator.step = self.accelerator.gradient_accumulation_steps - 1
+                compat.close_window_early(self.accelerator)  # the epoch ends here, before the loader does
                 yield batch_idx, batch
                 return
             yield batch_idx, batch
@@ -201,110 +198,34 @@ class SSSTrainer:
         state, accelerator = self.state, self.accelerator
         self._fire(Event.BATCH_START)
         with accelerator.accumulate(self.model):
-            if self.config.auto_batch_size and not self._window:  # the state a replay starts from
-                self._window_buffers = [b.detach().clone() for b in self.module.buffers()]
-            replay = False
-            while True:
-                try:
-                    if replay:  # the window's earlier batches, whose gradients the failed try discarded
-                        self._backward(self._window, last=False)
-                    state.loss = self._backward([(batch, batch_idx)], last=True)
-                    break
-                except Exception as exc:  # only an out-of-memory under auto_batch_size is retried
-                    self._split_after_oom(exc, batch)
-                    replay = True
-            if self.config.auto_batch_size:
-                self._window.append((batch, batch_idx))
+            state.loss = self._run_batch(batch, batch_idx)  # training_step and backward
             state.micro_step += 1
             state.samples += batch_size(batch) * accelerator.num_processes
-            if accelerator.sync_gradients:
+            if accelerator.sync_gradients:  # the end of an accumulation window
                 self._optimizer_step()
-                self._window = []
         self._fire(Event.BATCH_END)
-
-    def _backward(self, batches: list[tuple[Any, int]], last: bool) -> torch.Tensor | None:
-        # Each batch runs as state.batch_splits micro-batches whose losses are weighted by their
-        # share of the batch, so the gradient is the whole batch's (the loss is a per-sample mean).
-        # Gradients are synced across processes on the window's last backward only.
-        loss = None
-        for n, (batch, batch_idx) in enumerate(batches):
-            parts = split_batch(batch, self.state.batch_splits)
-            size = sum(batch_size(part) for part in parts) if len(parts) > 1 else 1
-            losses = []
-            for i, part in enumerate(parts):
-                final = last and n == len(batches) - 1 and i == len(parts) - 1
-                self._in_synced_part = final and self.accelerator.sync_gradients
-                with contextlib.nullcontext() if final else self.accelerator.no_sync(self.model):
-                    out = self.model("training_step", part, batch_idx)
-                    part_loss = out["loss"] if isinstance(out, dict) else out
-                    if not isinstance(part_loss, torch.Tensor):
-                        raise TypeError(
-                            f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}"
-                        )
-                    if len(parts) > 1:
-                        part_loss = part_loss * (batch_size(part) / size)
-                    self.accelerator.backward(part_loss)
-                losses.append(part_loss.detach())
-            loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        return loss
-
-    def _split_after_oom(self, exc: Exception, batch: Any) -> None:
-        from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
-
-        if not (self.config.auto_batch_size and should_reduce_batch_size(exc)):
-            raise exc
-        size, splits = batch_size(batch), self.state.batch_splits * 2
-        if self._in_synced_part and self.accelerator.num_processes > 1:
-            # DDP's reducer cannot redo a step whose synchronising backward failed on one process.
-            raise RuntimeError(
-                f"out of memory in the gradient-synchronising micro-batch at step {self.state.global_step} with "
-                f"{self.accelerator.num_processes} processes, which cannot be retried: lower data.batch_size and "
-                "raise trainer.gradient_accumulation_steps by the same factor (the effective batch stays)"
-            ) from exc
-        if splits > size:
-            raise RuntimeError(
-                f"out of memory with micro-batches of 1 sample (batch {size} split {size} ways): lower the image "
-                "size or clip length, turn on gradient checkpointing (module.set_grad_checkpointing(True)) or use bf16"
-            ) from exc
-        _zero_grad(self.optimizer)  # this window's partial gradients are recomputed from its batches
-        for buffer, saved in zip(self.module.buffers(), self._window_buffers, strict=True):
-            buffer.copy_(saved)  # BatchNorm statistics as before the window, which is replayed
-        clear_device_cache(garbage_collection=True)
-        self.state.batch_splits = splits
-        accum = self.config.gradient_accumulation_steps
-        warnings.warn(
-            f"out of memory at step {self.state.global_step}: each batch of {size} now runs as {splits} micro-batches "
-            f"of about {math.ceil(size / splits)} ({accum * splits} backward passes per optimizer step; the "
-            "effective batch is unchanged)",
-            stacklevel=2,
-        )
 
     def _optimizer_step(self) -> None:
         state, accelerator, cfg = self.state, self.accelerator, self.config
         window = accelerator.gradient_accumulation_steps
-        if state.micro_step < window:
-            # Accelerate divided every micro-batch loss by the configured window; this last window
-            # was shorter, so rescale to a mean over its real size (Lightning #19987).
+        if state.micro_step < window:  # a short last window: Accelerate divided by the full one (Lightning #19987)
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, window / state.micro_step)
+            torch._foreach_mul_(grads, window / state.micro_step)  # a mean over the window's real size
         accelerator.unscale_gradients()  # callbacks and clipping see true-scale fp16 gradients
         if not self._grads_checked:
             self._check_gradients()
         self._fire(Event.AFTER_BACKWARD)
-        fused_skip = False
-        if state.skip_step:  # a callback discarded this window (e.g. a NaN loss under on_nan=skip)
-            _skip_optimizer_step(accelerator)
+        skipped = state.skip_step  # a callback discarded this window (e.g. a NaN loss under on_nan=skip)
+        if skipped:
+            compat.end_skipped_step(accelerator)
         else:
             if cfg.max_grad_norm is not None:
-                state.grad_norm = _clip_grad_norm(accelerator, self.model.parameters(), cfg.max_grad_norm)
-            scale = _fused_loss_scale(accelerator, self.optimizer)
+                state.grad_norm = compat.clip_grad_norm_(accelerator, self.model.parameters(), cfg.max_grad_norm)
+            scale = compat.fused_loss_scale(accelerator, self.optimizer)
             self.optimizer.step()
-            # A fused optimizer skips inside its kernel, and Accelerate reports the step as taken
-            # (accelerate#4242); the scaler backing off is the only trace of it.
-            fused_skip = scale is not None and accelerator.scaler.get_scale() < scale
-        skipped = state.skip_step or accelerator.optimizer_step_was_skipped or fused_skip
+            skipped = accelerator.optimizer_step_was_skipped or compat.fused_step_skipped(accelerator, scale)
         state.step_was_skipped, state.skip_step = skipped, False
-        if state.step_was_skipped:  # the fp16 scaler found inf/NaN: no update, no schedule step
+        if skipped:  # no update: not a step, and the LR schedule stays
             state.skipped_steps += 1
         else:
             state.global_step += 1
@@ -312,8 +233,14 @@ class SSSTrainer:
                 self.scheduler.step()  # not prepared, so once per step on every process (Accelerate #2926)
         state.lr = self.optimizer.param_groups[0]["lr"]
         self._fire(Event.AFTER_OPTIMIZER_STEP)
-        _zero_grad(self.optimizer)
+        compat.zero_grad(self.optimizer)
         state.micro_step = 0
+
+    def _forward_backward(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        # The default micro-batch runner; trainer.auto_batch_size swaps in a SplittingRunner.
+        loss = step_loss(self.model("training_step", batch, batch_idx))
+        self.accelerator.backward(loss)
+        return loss.detach()
 
     # ------------------------------------------------------------------ evaluation
     def validate(
@@ -365,11 +292,11 @@ class SSSTrainer:
             for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
                 if zero is not None and zero in batch:
                     batch = {**batch, zero: torch.zeros_like(batch[zero])}
-                outputs = self.accelerator.gather_for_metrics(self.model("validation_step", batch, batch_idx))
+                outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
         joined = {key: torch.cat(values) for key, values in chunks.items()}
-        metrics = {f"{prefix}/{k}": v for k, v in self.module.compute_metrics(joined).items()} if joined else {}
+        metrics = {f"{prefix}/{k}": v for k, v in self._compute_metrics(joined).items()} if joined else {}
         state.metrics.update(metrics)
         state.eval_metrics = metrics
         state.eval_outputs = joined
@@ -378,12 +305,37 @@ class SSSTrainer:
         state.stage = previous
         return metrics
 
+    def _validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1 or not accelerator.gradient_state.end_of_dataloader:
+            return self.model("validation_step", batch, batch_idx)
+        # A distributed sampler may have padded this last batch with repeated samples, which
+        # gather_for_metrics drops by position: run it sample by sample, so that no batch-level
+        # value (the mean loss) mixes them into the samples kept.
+        parts = [self.model("validation_step", one, batch_idx) for one in split_batch(batch, batch_size(batch))]
+        return {key: torch.cat([torch.atleast_1d(part[key]) for part in parts]) for key in parts[0]}
+
+    def _compute_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+        compute, classes = self.module.compute_metrics, getattr(self.datamodule, "classes", None)
+        params = inspect.signature(compute).parameters.values()
+        if any(p.name == "classes" or p.kind is p.VAR_KEYWORD for p in params):
+            return compute(outputs, classes=classes)
+        if classes:  # an override with the one-argument signature of earlier versions
+            warnings.warn(
+                f"{type(self.module).__name__}.compute_metrics(outputs) takes no class names, so per-class metrics "
+                "are named by class index: define it as compute_metrics(self, outputs, classes=None) and pass "
+                "classes=classes on to super().compute_metrics",
+                stacklevel=2,
+            )
+        return compute(outputs)
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Write the full state (Accelerate's ``save_state`` + ``trainer_state.json``) to `directory`.
 
         It is written beside the target as ``<name>.tmp`` and renamed when complete, so an
-        interrupted save never looks like a checkpoint.
+        interrupted save never looks like a checkpoint. The marker, written last, lists every
+        file with its size and CRC32 (`sss.checkpoint.write_marker`): loading verifies them.
         """
         accelerator, final = self.accelerator, Path(directory)
         tmp = final.with_name(final.name + ".tmp")
@@ -393,7 +345,14 @@ class SSSTrainer:
         accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()  # every process's RNG file is in tmp
         if accelerator.is_main_process:
-            (tmp / ckpt_io.MARKER).write_text(json.dumps(self._checkpoint_meta(), indent=2))  # written last
+            missing = [n for i in range(accelerator.num_processes) if not (tmp / (n := ckpt_io.rng_file(i))).is_file()]
+            if missing:  # processes on machines that do not share this folder: the checkpoint cannot resume
+                warnings.warn(
+                    f"{final}: {', '.join(missing)} not in the folder (the processes do not share {final.parent}?); "
+                    "this checkpoint cannot be resumed exactly and will be refused on resume",
+                    stacklevel=2,
+                )
+            ckpt_io.write_marker(tmp, self._checkpoint_meta())  # written last
             ckpt_io.commit_folder(tmp, final)
         accelerator.wait_for_everyone()
         self.state.last_checkpoint = str(final)
@@ -401,15 +360,18 @@ class SSSTrainer:
         return final
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore a checkpoint written by `save_checkpoint` (call inside `fit` via ``ckpt_path``)."""
+        """Restore a checkpoint written by `save_checkpoint` (call inside `fit` via ``ckpt_path``).
+
+        The folder is verified first (`sss.checkpoint.verify_checkpoint`: a missing, truncated or
+        altered file raises `DamagedCheckpointError` naming it), then checked for pickles that would
+        run code, and after ``load_state`` the RNG state must be the saved one.
+        """
         path = Path(path)
-        meta_file = path / ckpt_io.MARKER
-        if not meta_file.is_file():
-            raise FileNotFoundError(f"{path} is not a complete sss checkpoint (no {ckpt_io.MARKER})")
-        meta = json.loads(meta_file.read_text())
+        meta = ckpt_io.verify_checkpoint(path)
         self._check_resumable(path, meta)
         ckpt_io.check_no_code_on_load(path)
         self.accelerator.load_state(str(path))
+        ckpt_io.check_rng_restored(path, self.accelerator.process_index)
         state = self.state
         state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
         state.batch_splits = meta.get("batch_splits", 1)
@@ -472,7 +434,7 @@ class SSSTrainer:
         from accelerate.utils import set_seed
 
         set_seed(self.config.seed)
-        cache_package_probes()
+        compat.cache_package_probes()
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.setup("fit")
@@ -488,14 +450,18 @@ class SSSTrainer:
         own_buffer_storage(module)
         if self.config.compile:
             module.compile()  # in place: the state dict keeps its names, so checkpoints stay portable
-        module.trainer = self
-        configured = module.configure_optimizers()
+        configured = module.configure_optimizers()  # None: trainer.optim over module.parameter_groups
+        if configured is None:
+            configured = build_optimizer(self.config.optim, module, self.total_steps)
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
         self.model, self.optimizer = self.accelerator.prepare(_StepRouter(module), optimizer)
         self.module = module
         if self.scheduler is not None:
             self.accelerator.register_for_checkpointing(self.scheduler)
-        self.state, self._grads_checked, self._window = TrainState(), False, []
+        self.state, self._grads_checked = TrainState(), False
+        self._run_batch = self._forward_backward
+        if self.config.auto_batch_size:
+            self._run_batch = SplittingRunner(self.accelerator, self.model, module, self.optimizer, self.state)
         return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
@@ -503,7 +469,6 @@ class SSSTrainer:
             self.datamodule = datamodule  # class names and settings for compute_metrics
         if module is not self.module:
             own_buffer_storage(module)
-            module.trainer = self
             router = _StepRouter(module).train(module.training)  # validate() restores the mode it found
             self.model, self.module = self.accelerator.prepare(router), module
         if loader is None and datamodule is not None:
@@ -540,8 +505,6 @@ class SSSTrainer:
         if not self.config.find_unused_parameters:
             raise RuntimeError(message)
         if self.accelerator.is_main_process:
-            import warnings
-
             warnings.warn(message, stacklevel=2)
 
     def _max_steps_reached(self) -> bool:
@@ -558,42 +521,3 @@ class SSSTrainer:
     def _fire(self, event: Event) -> None:
         for callback in self.callbacks:
             getattr(callback, event.value)(self, self.module)
-
-
-def _clip_grad_norm(accelerator: Accelerator, parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    # The loop already unscaled the fp16 gradients, and GradScaler refuses a second unscale_ in
-    # one step; clip_grad_norm_ would try, so hide the scaler from this one call.
-    native_amp, accelerator.native_amp = accelerator.native_amp, False
-    try:
-        return accelerator.clip_grad_norm_(parameters, max_norm)
-    finally:
-        accelerator.native_amp = native_amp
-
-
-def _fused_loss_scale(accelerator: Accelerator, optimizer: Any) -> float | None:
-    # Only fused optimizers (torch's `_step_supports_amp_scaling`) need the check; get_scale() is a
-    # device sync, which the unfused GradScaler.step pays anyway.
-    scaler, inner = accelerator.scaler, getattr(optimizer, "optimizer", optimizer)
-    if scaler is None or not scaler.is_enabled() or not getattr(inner, "_step_supports_amp_scaling", False):
-        return None
-    return scaler.get_scale()
-
-
-def _skip_optimizer_step(accelerator: Accelerator) -> None:
-    # The gradients were already unscaled for this step; GradScaler keeps that per-optimizer
-    # record until update(), so close the step the way a scaler-skipped one ends (update backs
-    # off the scale when the gradients held inf/NaN, as they do for a NaN loss).
-    if accelerator.scaler is not None:
-        accelerator.scaler.update()
-
-
-def _zero_grad(optimizer: Any) -> None:
-    from accelerate.optimizer import AcceleratedOptimizer
-
-    # AcceleratedOptimizer.zero_grad calls inspect.signature on every call (~40 µs); at a sync
-    # step it does nothing else than the inner call, so make that call directly. Wrappers that
-    # override zero_grad (DeepSpeed's) keep their own.
-    if type(optimizer).zero_grad is AcceleratedOptimizer.zero_grad:
-        optimizer.optimizer.zero_grad(set_to_none=True)
-    else:
-        optimizer.zero_grad(set_to_none=True)

@@ -63,6 +63,38 @@ def test_event_order_matches_the_map_in_the_event_docstring():
     assert set(order) == set(Event), "every event must have a # marker in the Event docstring"
 
 
+# (what the step's code does, how the Event docstring map says it), in the map's order
+STEP_MAP = [
+    ("Event.BATCH_START", "# BATCH_START"),
+    ("accelerator.accumulate(self.model)", "with accelerator.accumulate(model):"),
+    ("state.loss = self._run_batch(batch, batch_idx)", "state.loss = module.training_step(batch, batch_idx)"),
+    ("if accelerator.sync_gradients:", "if accelerator.sync_gradients:"),
+    ("torch._foreach_mul_(grads", "rescale a short window"),
+    ("accelerator.unscale_gradients()", "accelerator.unscale_gradients()"),
+    ("Event.AFTER_BACKWARD", "# AFTER_BACKWARD"),
+    ("state.skip_step", "if not state.skip_step:"),
+    ("state.grad_norm = compat.clip_grad_norm_(", "state.grad_norm = accelerator.clip_grad_norm_(...)"),
+    ("self.optimizer.step()", "optimizer.step()"),
+    ("state.skipped_steps += 1", "skipped_steps += 1"),
+    ("state.global_step += 1", "global_step += 1"),
+    ("self.scheduler.step()", "scheduler.step()"),
+    ("Event.AFTER_OPTIMIZER_STEP", "# AFTER_OPTIMIZER_STEP"),
+    ("compat.zero_grad(self.optimizer)", "optimizer.zero_grad()"),
+    ("Event.BATCH_END", "# BATCH_END"),
+]
+
+
+def test_the_map_follows_the_step_line_for_line():
+    step = inspect.getsource(SSSTrainer._train_step)
+    optimizer_step = inspect.getsource(SSSTrainer._optimizer_step)
+    in_map = [Event.__doc__.index(described) for _, described in STEP_MAP]
+    assert in_map == sorted(in_map), "the map lists the step out of order"
+    outer = [code for code, _ in STEP_MAP[:4]] + ["self._optimizer_step()", STEP_MAP[-1][0]]
+    assert [step.index(code) for code in outer] == sorted(step.index(code) for code in outer)
+    inner = [code for code, _ in STEP_MAP[4:-1]]
+    assert [optimizer_step.index(code) for code in inner] == sorted(optimizer_step.index(c) for c in inner)
+
+
 def test_exception_event_fires_and_error_is_reraised():
     class Boom(BoringModule):
         def training_step(self, batch, batch_idx):

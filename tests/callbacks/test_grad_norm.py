@@ -116,3 +116,38 @@ def test_ogm_ge_slows_the_dominant_modality(noise):
             elif a[name].numel() > 1:
                 residual = a[name] - b[name] * c
                 assert residual.abs().sum() > 0, "GE noise missing"
+
+
+def _dominated_by(modality):
+    """A BoringModule whose `modality` alone predicts the label (75 % agreement); the other branch outputs zeros."""
+    torch.manual_seed(0)
+    module = BoringModule()
+    image, audio, head = module.image_encoder[1], module.audio_encoder[1], module.fusion_head.head
+    with torch.no_grad():
+        for layer in (image, audio, head):
+            layer.weight.zero_()
+            layer.bias.zero_()
+        # feature 0 is 5x the first input value of `modality`; the label is the sign of image[0] + audio[0]
+        (image if modality == "image" else audio).weight[0, 0] = 5.0
+        head.weight[1, 0], head.weight[0, 0] = 1.0, -1.0
+    return module
+
+
+@pytest.mark.parametrize("dominant", ["image", "audio"])
+def test_ogm_ge_slows_the_modality_that_dominates_not_the_other(dominant):
+    monitor = GradNormMonitor(every_n_steps=1, ogm_ge=True, ogm_alpha=0.5, ogm_noise=False)
+    seen = []
+
+    class Coeffs(Callback):
+        def on_after_backward(self, trainer, module):
+            logs = trainer.state.logs
+            seen.append((logs["train/ogm/coeff_image"], logs["train/ogm/coeff_audio"], logs["train/ogm/score_ratio"]))
+
+    _fit([monitor, Coeffs()], lr=1e-3, module=_dominated_by(dominant), steps=3)
+    assert len(seen) == 3
+    for c_image, c_audio, ratio in seen:
+        # the score ratio is image / audio: above 1 exactly when the image branch dominates
+        assert (ratio > 1) is (dominant == "image") and ratio != 1
+        slowed, kept = (c_image, c_audio) if dominant == "image" else (c_audio, c_image)
+        assert kept == 1.0 and slowed < 1.0
+        assert slowed == pytest.approx(1 - math.tanh(0.5 * max(ratio, 1 / ratio)))

@@ -32,6 +32,7 @@ class FakeHub(ThreadingHTTPServer):
         self.repos: dict[str, dict] = {}
         self.branches: list[str] = []
         self.commits: list[dict] = []
+        self.whoami_calls = 0
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
 
@@ -57,6 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/api/whoami-v2" and self._authorized():
+            self.server.whoami_calls += 1
             self._reply(200, {"type": "user", "name": "tester", "orgs": []})
         elif self.path != "/api/whoami-v2":
             self._reply(404, {"error": f"no route {self.path}"})
@@ -238,3 +240,29 @@ def test_sss_fit_pushes_a_model_card_with_the_per_modality_figures(hub, tmp_path
     card = hub.commits[-1]["files"]["README.md"].decode()
     assert "val/accuracy_image_only" in card and "val/fusion_gain_accuracy" in card
     assert results["val/accuracy_audio_only"] == pytest.approx(float(card.split("val/accuracy_audio_only | ")[1][:6]))
+
+
+@pytest.mark.slow
+def test_with_two_processes_only_the_main_one_pushes(hub, tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from sss.run.launch import launch_command
+
+    script = Path(__file__).parents[1] / "scripts" / "hub_push_ddp.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_TOKEN": TOKEN}
+    command = launch_command(2, [str(script), hub.url, str(tmp_path / "out")])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"out.{rank}").read_text()) for rank in (0, 1))
+    expected = ["checkpoint step_0000002", "checkpoint step_0000004", "model after global_step 4"]
+    assert [c["message"] for c in hub.commits] == expected  # once each, not once per process
+    assert hub.whoami_calls == 1 and list(hub.repos) == [REPO]
+    assert rank0["pushed"] == expected and rank0["errors"] == []
+    assert rank1["pushed"] == [] and rank1["errors"] == [] and rank1["step"] == rank0["step"] == 4
+    # the pushed model is the trained one, equal on both ranks
+    weights = load_safetensors(hub.commits[-1]["files"]["model.safetensors"])
+    assert sorted(weights) == sorted(rank0["params"])
+    for name, value in rank0["params"].items():
+        assert weights[name].tolist() == value == rank1["params"][name], name

@@ -1,4 +1,5 @@
-"""Plots: valid PNGs under OUTPUT_DIR/plots, a confusion matrix matching the accuracy, an error without matplotlib."""
+"""Plots: valid PNGs under OUTPUT_DIR/plots, a confusion matrix matching the accuracy, an error without matplotlib,
+and the whole run's curves after a resume."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from sss import SSSTrainer
 from sss.callbacks import GradNormMonitor, Plots
+from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -60,3 +62,31 @@ def test_missing_matplotlib_fails_at_fit_start_with_the_install_command(tmp_path
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'shadow-sound-hunter\[plots\]'"):
         trainer.fit(BoringModule(), train_dataloaders=boring_loader())
     assert trainer.state.global_step == 0
+
+
+def _logged_fit(out, steps, ckpt_path=None):
+    plots = Plots(every_n_steps=2)
+    trainer = add_stock_callbacks(
+        SSSTrainer(
+            callbacks=[plots],
+            max_steps=steps,
+            mixed_precision="no",
+            output_dir=str(out),
+            log={"progress": False, "trackers": ["csv"], "every_n_steps": 2},
+            checkpoint={"every_n_steps": 2, "every_epoch": False, "keep_last": None},
+            max_grad_norm=None,
+        )
+    )
+    torch.manual_seed(0)  # the same initial weights in every fit (a resume replaces them anyway)
+    val = boring_loader(n=16, seed=1)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=64), val_dataloaders=val, ckpt_path=ckpt_path)
+    return plots
+
+
+def test_a_resumed_fit_plots_the_whole_run(tmp_path):
+    whole = _logged_fit(tmp_path / "whole", 12)
+    _logged_fit(tmp_path / "cut", 6)  # as if killed after step 6, then resumed from its step-4 checkpoint
+    resumed = _logged_fit(tmp_path / "cut", 12, ckpt_path=tmp_path / "cut" / "checkpoints" / "step_0000004")
+    assert [s for s, _ in resumed.train["train/loss"]] == [2, 4, 6, 8, 10, 12]
+    assert resumed.train == whole.train  # steps 2 and 4 read back from metrics.csv, exactly as logged
+    assert resumed.evals == whole.evals and [s for s, _ in resumed.evals["val/loss"]] == [8, 12]

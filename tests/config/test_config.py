@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sss.cli import main
-from sss.config import ConfigError, SSSConfig, check_config, field_docs, load_config
+from sss.config import ConfigError, SSSConfig, check_config, check_target, field_docs, load_config
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("**/*.yaml"))
 
@@ -133,3 +133,103 @@ def test_help_does_not_import_torch():
 def test_config_command_prints_resolved_yaml(capsys, tmp_path):
     assert main(["config", str(EXAMPLES[0]), "trainer.max_steps=9"]) == 0
     assert "max_steps: 9" in capsys.readouterr().out
+
+
+DM = "sss.data.ManifestDataModule"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"layout": "audioset"}, "data.layout: must be one of 'manifest', 'esc50', 'urbansound8k', 'desed', 'istd'"),
+        ({"on_error": "ignore"}, "data.on_error: must be one of 'raise', 'skip', got 'ignore'"),
+        ({"cache": "disk"}, "data.cache: must be one of 'features' (or null), got 'disk'"),
+        ({"clip_seconds": -1}, "data.clip_seconds: must be > 0 (or null), got -1"),
+        ({"batch_size": 0}, "data.batch_size: must be >= 1, got 0"),
+        (
+            {"batch_size": "8"},
+            "data.batch_size: expected an integer, got str '8' (a number in quotes?",
+        ),
+        ({"num_workers": -1}, "data.num_workers: must be >= 0, got -1"),
+        ({"fold": 0}, "data.fold: must be >= 1 (or null), got 0"),
+    ],
+)
+def test_check_target_reads_literal_choices_and_bounds_off_the_signature(args, expected):
+    errors = check_target({"_target_": DM, **args}, "data")
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_values_inside_the_choices_and_bounds_pass():
+    good = {"layout": "esc50", "on_error": "skip", "cache": None, "clip_seconds": None, "fold": 2, "num_workers": 0}
+    assert check_target({"_target_": DM, "batch_size": 1, **good}, "data") == []
+    assert check_target({"_target_": DM, "cache": "features", "clip_seconds": 0.5}, "data") == []
+
+
+def test_the_literal_annotations_list_the_same_choices_as_the_runtime_checks():
+    import typing
+
+    from sss.data import IndustrialDataModule, ManifestDataModule
+    from sss.data.layouts import LAYOUTS
+    from sss.data.manifest import ON_ERROR
+
+    hints = typing.get_type_hints(ManifestDataModule.__init__, include_extras=True)
+    assert typing.get_args(hints["layout"]) == tuple(LAYOUTS)
+    assert typing.get_args(hints["on_error"]) == tuple(ON_ERROR)
+    industrial = typing.get_type_hints(IndustrialDataModule.__init__, include_extras=True)
+    assert industrial["cache"] == hints["cache"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"lr": -1}, "trainer.optim.optimizer.lr: must be > 0, got -1"),
+        ({"lr": "fast"}, "trainer.optim.optimizer.lr: expected a number, got str 'fast'"),
+        ({"lr": [0.1, 0.2]}, "trainer.optim.optimizer.lr: expected a number, got list [0.1, 0.2]"),
+        ({"betas": [0.9, 1.5]}, "trainer.optim.optimizer.betas: item 1 (1.5): must be < 1, got [0.9, 1.5]"),
+        ({"weight_decay": -0.5}, "trainer.optim.optimizer.weight_decay: must be >= 0, got -0.5"),
+    ],
+)
+def test_optimizer_numbers_are_checked_by_name(args, expected):
+    # torch.optim annotates lr as float | Tensor, which says nothing about a YAML value: a table by name does.
+    assert check_target({"_target_": "torch.optim.AdamW", **args}, "trainer.optim.optimizer") == [expected]
+    assert check_target({"_target_": "torch.optim.AdamW", **args}, "model.some_optimizer")[:1] != [expected]
+
+
+def test_an_argument_the_target_lacks_is_reported_once():
+    errors = check_target({"_target_": "torch.optim.AdamW", "momentum": -1}, "trainer.optim.optimizer")
+    assert len(errors) == 1 and "unknown argument of torch.optim.AdamW" in errors[0]
+
+
+def test_a_target_that_is_not_callable_is_refused():
+    assert check_target({"_target_": "math.pi"}, "model") == [
+        "model._target_: 'math.pi' is a float, not a class or function that builds the part"
+    ]
+
+
+def test_a_yaml_number_with_an_exponent_and_no_dot_is_a_number(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("trainer:\n  optim:\n    optimizer: {_target_: torch.optim.AdamW, lr: 1e-3}\n")
+    assert load_config(path).trainer.optim.optimizer["lr"] == 0.001  # PyYAML alone reads the string '1e-3'
+
+
+def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("trainer:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml: line 3, column 3: duplicate key 'seed' \(first on line 2\)"):
+        load_config(path)
+
+
+def test_errors_of_overrides_name_the_override_and_the_key():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["trainer.optim=1"])
+    assert (
+        str(info.value)
+        == "defaults: override 'trainer.optim=1': trainer.optim: expected a mapping of settings, got int 1"
+    )
+
+
+def test_trainer_seed_and_output_dir_are_checked():
+    with pytest.raises(ConfigError, match=r"trainer\.seed must be in 0 \.\. 2\*\*32 - 1"):
+        load_config(None, ["trainer.seed=-1"])
+    with pytest.raises(ConfigError, match=r"trainer\.output_dir is empty"):
+        load_config(None, ["trainer.output_dir=' '"])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sss import SSSTrainer
-from sss.callbacks.checkpoint import complete_checkpoints
+from sss.callbacks.stock import add_stock_callbacks
+from sss.checkpoint import complete_checkpoints
 from sss.data import ManifestDataModule
 from sss.data.synthetic import make_industrial
 from sss.models import create_model
@@ -39,13 +40,15 @@ def test_mid_epoch_resume_with_random_crops_is_bitwise_equal(tmp_path, workers):
     def fit(max_steps, out, ckpt=None):
         torch.manual_seed(0)
         module = create_model("hunter_tiny", modality_dropout=0.2)  # model randomness on top of the data's
-        trainer = SSSTrainer(
-            max_steps=max_steps,
-            mixed_precision="no",
-            cpu=True,
-            output_dir=str(out),
-            log={"progress": False, "trackers": []},
-            checkpoint={"every_n_steps": 4, "every_epoch": False},
+        trainer = add_stock_callbacks(
+            SSSTrainer(
+                max_steps=max_steps,
+                mixed_precision="no",
+                cpu=True,
+                output_dir=str(out),
+                log={"progress": False, "trackers": []},
+                checkpoint={"every_n_steps": 4, "every_epoch": False},
+            )
         )
         trainer.fit(module, _datamodule(root, workers), ckpt_path=ckpt)
         return module

@@ -17,6 +17,7 @@ import soundfile as sf
 import torch
 from PIL import Image
 
+from sss.callbacks.stock import add_stock_callbacks
 from sss.data import DataError, ManifestDataModule, ManifestDataset
 from sss.data._decode import IMAGENET_MEAN, IMAGENET_STD
 
@@ -139,6 +140,12 @@ def _dotdot(r: Path) -> tuple[str, str]:
 def _absolute(r: Path) -> tuple[str, str]:
     Image.new("RGB", (32, 32)).save(r.parent / "abs.png")
     return f"{r.parent / 'abs.png'},good.wav,a,mask.png,ev.tsv", r"abs\.png' leaves the dataset folder"
+
+
+def _symlink_outside(r: Path) -> tuple[str, str]:
+    Image.new("RGB", (32, 32)).save(r.parent / "linked_target.png")
+    (r / "out.png").symlink_to(r.parent / "linked_target.png")
+    return "out.png,good.wav,a,mask.png,ev.tsv", r"path 'out\.png' leaves the dataset folder .* through a symbolic link"
 
 
 def _short_row(r: Path) -> tuple[str, str]:
@@ -278,7 +285,7 @@ def test_skip_trains_and_lists_exactly_the_bad_rows(tmp_path: Path) -> None:
     model = create_model("hunter_tiny", num_classes=2)
     config = TrainerConfig(max_epochs=1, output_dir=str(tmp_path / "run"), cpu=True)
     config.log.progress, config.log.trackers, config.checkpoint.every_epoch = False, [], False
-    SSSTrainer(config).fit(model, dm)
+    add_stock_callbacks(SSSTrainer(config)).fit(model, dm)
     # the stock SkippedRows callback wrote OUTPUT_DIR/skipped.csv at the epoch's end
     written = read_skipped(tmp_path / "run" / "skipped.csv")
     train = {int(r["row"]): r for r in written if r["manifest"].endswith("train.csv")}

@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from sss.callbacks.stock import add_stock_callbacks
 from sss.data import DataError, ManifestDataModule, make_industrial
 from sss.models import LogMelFrontend
 
@@ -105,6 +106,6 @@ def test_training_from_the_cache_through_the_trainer(industrial: Path, tmp_path:
     model = create_model("hunter_tiny", num_classes=4, image_kwargs={"channels": [8, 16, 32, 64], "stem_width": 8})
     config = TrainerConfig(max_steps=3, output_dir=str(tmp_path / "run"), cpu=True)
     config.log.progress, config.log.trackers, config.checkpoint.every_epoch = False, [], False
-    trainer = SSSTrainer(config)
+    trainer = add_stock_callbacks(SSSTrainer(config))
     trainer.fit(model, dm)
     assert trainer.state.global_step == 3 and bool(torch.isfinite(torch.as_tensor(trainer.state.loss)))

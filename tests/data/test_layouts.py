@@ -1,4 +1,4 @@
-"""Importers for the public layouts, each on a tiny fixture written in that layout (DOMAIN.md §4)."""
+"""Importers for the public layouts, each on a tiny fixture written in that layout."""
 
 from __future__ import annotations
 

@@ -134,6 +134,37 @@ def test_validation_step_carries_every_task_and_metrics_follow(batch: dict[str, 
     assert set(model.compute_metrics(out)) == {"loss", "accuracy", "ber"}
 
 
+def test_task_values_are_the_hunter_models_own_and_a_plain_module_keeps_the_generic_ones(
+    batch: dict[str, Any],
+) -> None:
+    from sss import LitModule
+
+    hunter = create_model("hunter_tiny", **HEADS).eval()
+    targets = {"events": torch.zeros(2, 50, 2), "mask": torch.zeros(2, 1, 64, 64)}
+
+    class Plain(LitModule):  # the same outputs through LitModule's generic validation_outputs
+        def forward(self, batch):
+            return hunter(batch)
+
+        def compute_loss(self, outputs, batch):
+            return hunter.compute_loss(outputs, batch)
+
+    both = {**batch, **targets}
+    with torch.no_grad():
+        full, generic = hunter.validation_step(both, 0), Plain().validation_step(both, 0)
+    assert set(generic) == {"loss", "scores", "preds", "target"}
+    assert set(full) == set(generic) | {"event_probs", "event_target", "clip_seconds", "mask_counts"}
+    assert all(torch.equal(full[k], generic[k]) for k in generic)
+
+
+def test_clip_seconds_of_waveforms_cached_log_mels_and_the_batch() -> None:
+    model = create_model("hunter_tiny")  # 16 kHz, hop 160
+    assert model.clip_seconds({"audio": torch.zeros(2, 1, 8000)}) == 0.5
+    assert model.clip_seconds({"audio": torch.zeros(2, 1, 32, 51)}) == 0.5  # 51 centred frames of hop 160
+    assert model.clip_seconds({"audio": torch.zeros(2, 1, 8000), "clip_seconds": torch.tensor([10.0, 10.0])}) == 10.0
+    assert model.clip_seconds({"image": torch.zeros(2, 3, 8, 8)}) is None
+
+
 # --- the multi-task loss ---------------------------------------------------------------------------------
 
 

@@ -45,6 +45,22 @@ def test_encoders_share_one_interface(encoder: TokenEncoder, x: torch.Tensor) ->
     assert encoder.grad_checkpointing
 
 
+def _conv_input_formats(encoder: TimmImageEncoder, x: torch.Tensor) -> list[bool]:
+    """Whether each convolution of the backbone got a channels-last input in one forward pass."""
+    seen: list[bool] = []
+
+    def record(_: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    convs = [m for m in encoder.model.modules() if isinstance(m, nn.Conv2d)]
+    hooks = [c.register_forward_pre_hook(record) for c in convs]
+    encoder(x)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(convs) > 0
+    return seen
+
+
 def test_timm_encoder_without_projection_and_channels_last() -> None:
     enc = TimmImageEncoder("test_resnet", dim=None, channels_last=True).eval()
     assert enc.output_dim == enc.model.num_features
@@ -52,6 +68,10 @@ def test_timm_encoder_without_projection_and_channels_last() -> None:
     plain.load_state_dict(enc.state_dict())
     x = torch.randn(2, 3, 64, 64)
     torch.testing.assert_close(enc(x), plain(x), rtol=1e-4, atol=1e-5)
+    # the memory format really used: every convolution runs on channels-last inputs and weights
+    assert all(_conv_input_formats(enc, x)) and not any(_conv_input_formats(plain, x))
+    kernels = [p for p in enc.model.parameters() if p.ndim == 4]
+    assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) for p in kernels)
 
 
 def test_timm_model_kwargs_reach_timm() -> None:

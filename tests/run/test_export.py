@@ -65,9 +65,13 @@ def test_cli_export_and_its_errors(tmp_path, capsys):
         "name: boring\nmodel:\n  _target_: sss.testing.BoringModule\n  dim: 8\n"
         "data:\n  _target_: sss.testing.BoringDataset\n  n: 8\n"
     )
-    assert main(["export", str(config), str(tmp_path / "out"), "--ckpt", str(last)]) == 0
+    local = f"trainer.output_dir={tmp_path / 'run'}"  # an absolute local path: not published in the folder
+    assert main(["export", str(config), str(tmp_path / "out"), local, "--ckpt", str(last)]) == 0
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert written == {"model.safetensors", "config.yaml", "preprocessing.json", "README.md"}
+    for name in ("config.yaml", "README.md"):
+        assert str(tmp_path) not in (tmp_path / "out" / name).read_text()
+    assert main(["check", str(tmp_path / "out")]) == 0  # loads without trust_code
     assert main(["export", str(config), str(tmp_path / "out"), "--ckpt", str(last)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert main(["export", str(config), str(tmp_path / "o2"), "--ckpt", str(tmp_path)]) == 1

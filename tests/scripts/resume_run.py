@@ -1,7 +1,7 @@
 """A training run that tests/trainer/test_resume.py interrupts (kill -9, SIGTERM) and resumes.
 
     python resume_run.py OUT [--resume] [--accum A] [--every N] [--fp16-poison K] [--pause-at E:B]
-                             [--big] [--steps S] [--forget-position]
+                             [--big] [--steps S] [--forget-position] [--die-in-rotation SEED]
 
 Trains a small two-modality module with dropout (so the RNG state matters) for S optimizer steps
 on shuffled data, checkpointing into OUT/checkpoints. Every micro-batch appends
@@ -15,6 +15,11 @@ lines). At the end the main process writes OUT/final.pt: parameters, optimizer a
 --big            a wider model, so that saving a checkpoint takes a while (kill during save).
 --forget-position  negative control: resume from the start of the checkpoint's epoch.
 --no-epoch-save  checkpoints by steps only (a save after an epoch's last batch resumes "mid-epoch").
+--die-in-rotation SEED  kill -9 itself while rotation deletes a checkpoint (its 1st to 3rd deletion, after a
+                 random part of the files, chosen by SEED): a preemption in the middle of ``shutil.rmtree``.
+
+--resume does what ``sss fit --resume`` does: clean up leftovers, then take the newest checkpoint that
+verifies, printing why each newer one does not; it appends the one it took to OUT/resumed_from.txt.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import random
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,7 +44,7 @@ from torch.utils.data import DataLoader
 from sss import Callback, SSSTrainer
 from sss.callbacks.checkpoint import Preempted
 from sss.callbacks.stock import add_stock_callbacks
-from sss.checkpoint import complete_checkpoints
+from sss.checkpoint import newest_verified, recover_leftovers
 from sss.testing import BoringDataset, BoringModule
 
 
@@ -71,6 +80,33 @@ class Recorder(Callback):
                 time.sleep(0.01)
 
 
+def die_in_rotation(seed: int) -> None:
+    """Make the n-th deletion by rotation stop dead inside ``shutil.rmtree``, after part of the files."""
+    import sss.callbacks.checkpoint as rotation
+
+    rng, real_rmtree, real_remove = random.Random(seed), shutil.rmtree, rotation.remove_checkpoint
+    countdown, rotating = [rng.randint(1, 3)], [False]
+
+    def rmtree(path, *args, **kwargs):
+        if rotating[0]:
+            countdown[0] -= 1
+            if not countdown[0]:
+                files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+                for file in rng.sample(files, rng.randint(0, len(files))):  # the kernel's order is arbitrary
+                    file.unlink()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real_rmtree(path, *args, **kwargs)
+
+    def remove_checkpoint(checkpoint):
+        rotating[0] = True
+        try:
+            real_remove(checkpoint)
+        finally:
+            rotating[0] = False
+
+    shutil.rmtree, rotation.remove_checkpoint = rmtree, remove_checkpoint
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -83,9 +119,12 @@ def main() -> int:
     p.add_argument("--big", action="store_true")
     p.add_argument("--forget-position", action="store_true")
     p.add_argument("--no-epoch-save", action="store_true")
+    p.add_argument("--die-in-rotation", type=int, default=None)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.die_in_rotation is not None:
+        die_in_rotation(args.die_in_rotation)
 
     torch.manual_seed(0)
     module = DropoutModule(width=512 if args.big else 8)
@@ -120,7 +159,17 @@ def main() -> int:
     )
     ckpt = None
     if args.resume:
-        ckpt = complete_checkpoints(out / "checkpoints")[-1]
+        if trainer.accelerator.is_main_process:
+            for line in recover_leftovers(out / "checkpoints"):
+                print(f"sss: checkpoints: {line}", flush=True)
+        trainer.accelerator.wait_for_everyone()
+        ckpt, damaged = newest_verified(out / "checkpoints")
+        for why in damaged:
+            print(f"sss: warning: --resume: skipping a damaged checkpoint: {why}", flush=True)
+        assert ckpt is not None, f"no checkpoint in {out / 'checkpoints'} verifies"
+        if trainer.accelerator.is_main_process:
+            with (out / "resumed_from.txt").open("a") as f:
+                f.write(f"{ckpt.name} {len(damaged)}\n")
         if args.forget_position:
             meta = json.loads((ckpt / "trainer_state.json").read_text())
             meta["resume_batch"] = 0

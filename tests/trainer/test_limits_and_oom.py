@@ -108,6 +108,15 @@ def test_auto_batch_size_splits_and_matches_the_run_that_fit(after):
     torch.testing.assert_close(params(module), params(reference), rtol=1e-5, atol=1e-7)
 
 
+def test_the_splitting_runner_is_used_only_with_auto_batch_size():
+    from sss.trainer._oom import SplittingRunner
+
+    plain, splitting = trainer(max_steps=1), trainer(max_steps=1, auto_batch_size=True)
+    for t in (plain, splitting):
+        t.fit(BoringModule(), train_dataloaders=boring_loader(n=16))
+    assert plain._run_batch == plain._forward_backward and isinstance(splitting._run_batch, SplittingRunner)
+
+
 def test_out_of_memory_without_auto_batch_size_is_raised():
     with pytest.raises(torch.OutOfMemoryError):
         trainer(max_steps=1).fit(OutOfMemoryAbove(limit=4), train_dataloaders=boring_loader(n=16))

@@ -6,10 +6,12 @@ SIGTERM; tolerance is zero (Composer's standard for exact resume on a CPU).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import random
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +23,13 @@ import pytest
 import torch
 
 from sss.callbacks.stock import add_stock_callbacks
-from sss.checkpoint import complete_checkpoints
+from sss.checkpoint import (
+    DamagedCheckpointError,
+    complete_checkpoints,
+    newest_verified,
+    recover_leftovers,
+    verify_checkpoint,
+)
 from sss.run.launch import launch_command
 
 SCRIPT = str(Path(__file__).parents[1] / "scripts" / "resume_run.py")
@@ -109,10 +117,43 @@ def _wait_for(path: Path, proc, timeout: float = 120) -> None:
 
 def _kill9(proc) -> None:
     if isinstance(proc, _Launched):
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
+        # the launcher and its workers: torchrun starts each worker in a session of its own, so
+        # killing the launcher's group alone would leave them training on into the same folder
+        workers = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers):  # gone, and their folder locks with them
+            assert time.monotonic() < deadline, "the killed workers did not end"
+            time.sleep(0.01)
     else:
         os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+        proc.wait(timeout=30)
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has closed its files
 
 
 _STRAIGHT: dict[tuple, Path] = {}
@@ -205,29 +246,112 @@ def test_sigterm_mid_epoch_saves_and_the_resume_matches(tmp_path, tmp_path_facto
     _assert_same_run(stopped, straight)
 
 
-def test_kill9_during_saves_20_times_always_resumes(tmp_path, tmp_path_factory):
-    # 200 steps, saving after every one: 20 rounds never reach the end of training
+# Damage done to the newest checkpoint between two rounds, as a disk or a person might: (what, file)
+DAMAGE = [
+    ("delete", "optimizer.bin"),
+    ("truncate", "model.safetensors"),
+    ("garble", "trainer_state.json"),
+    ("truncate", "optimizer.bin"),
+    ("delete", "random_states_0.pkl"),
+    ("flip", "model.safetensors"),
+]
+
+
+def _damage(checkpoint: Path, how: str, name: str) -> None:
+    file = checkpoint / name
+    if how == "delete":
+        file.unlink()
+    elif how == "truncate":
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    elif how == "garble":
+        file.write_text(file.read_text()[:-40])
+    else:  # one bit, the size unchanged: only the checksum sees it
+        data = bytearray(file.read_bytes())
+        data[len(data) // 2] ^= 1
+        file.write_bytes(bytes(data))
+
+
+def _what_a_resume_would_take(run: Path, scratch: Path) -> tuple[str, int]:
+    # The same clean-up and choice on a copy, so that the run's own resume still does them itself
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(run / "checkpoints", scratch)
+    recover_leftovers(scratch)
+    found, damaged = newest_verified(scratch)
+    assert found is not None, f"no checkpoint verifies: {damaged}"
+    return found.name, len(damaged)
+
+
+def test_kill9_in_saves_and_rotations_20_times_resumes_only_verified_checkpoints(tmp_path, tmp_path_factory):
+    # 200 steps, a save and a rotation (keep_last=2) after every one: 20 rounds never reach the end.
+    # Each round is killed with SIGKILL at a random moment of a save (from here), or kills itself in
+    # the middle of a rotation's deletion; some rounds then damage the newest checkpoint. The next
+    # round's resume must take exactly the newest checkpoint that verifies, and every micro-batch
+    # of every round must have the uninterrupted run's loss.
     args = ["--big", "--steps", "200", "--every", "1"]
     straight, run = _straight(tmp_path_factory, args), tmp_path / "run"
     rng = random.Random(0)
-    hit_a_save = 0
+    rotation_rounds = set(rng.sample(range(1, 20), 6))
+    in_save = in_rotation = damaged_rounds = 0
+    expected: tuple[str, int] | None = None
     for attempt in range(20):
         before = _newest(run)
-        proc = _start(run, [*args, *(["--resume"] if attempt else [])])
-        # wait until this run has completed a save of its own (so it cleaned the last round's
-        # leftovers) and is writing the next one, then kill at a random moment around it
-        deadline = time.monotonic() + 120
-        while not (_newest(run) > before and _saving(run)):
-            assert proc.poll() is None, proc.output()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        time.sleep(rng.uniform(0, 0.05))
-        _kill9(proc)
-        hit_a_save += _saving(run)  # an unfinished save of this round was left behind
-    assert hit_a_save >= 5, f"only {hit_a_save} of 20 kills interrupted a save; the test did not test"
-    _run(run, [*args, "--resume"])  # cleans the leftovers, resumes the newest complete checkpoint, finishes
+        rotation = attempt in rotation_rounds
+        extra = ["--resume"] if attempt else []
+        if rotation:
+            extra += ["--die-in-rotation", str(rng.randrange(10**6))]
+        proc = _start(run, [*args, *extra])
+        if rotation:
+            assert proc.wait(timeout=120) == -signal.SIGKILL, proc.output()[-3000:]
+            in_rotation += 1
+        else:
+            # wait until this run has completed a save of its own and is writing the next one, then
+            # kill at a random moment around it
+            deadline = time.monotonic() + 120
+            while not (_newest(run) > before and _saving(run)):
+                assert proc.poll() is None, proc.output()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.05))
+            _kill9(proc)
+            in_save += _saving(run)  # an unfinished save of this round was left behind
+        if expected is not None:
+            taken = (run / "resumed_from.txt").read_text().splitlines()
+            assert len(taken) == attempt, f"round {attempt} did not resume: {proc.output()[-3000:]}"
+            name, skipped = taken[-1].split()
+            assert (name, int(skipped)) == expected, f"round {attempt} resumed {taken[-1]}, not {expected}"
+        # what rotation left is never taken for a checkpoint: every complete one verifies
+        for ckpt in complete_checkpoints(run / "checkpoints"):
+            verify_checkpoint(ckpt)
+        expected = _what_a_resume_would_take(run, tmp_path / "scratch")
+        damage = attempt % 3 == 2 and _verified_count(tmp_path) >= 2  # in turn, each kind in DAMAGE
+        if damage and (run / "checkpoints" / expected[0]).is_dir():
+            how, name = DAMAGE[damaged_rounds % len(DAMAGE)]
+            _damage(run / "checkpoints" / expected[0], how, name)
+            damaged_rounds += 1
+            expected = _what_a_resume_would_take(run, tmp_path / "scratch")
+            assert expected[1] == 1, "the damaged checkpoint was not skipped"
+    assert in_save >= 5, f"only {in_save} of 20 kills interrupted a save; the test did not test"
+    assert in_rotation == 6 and damaged_rounds >= 4, (in_rotation, damaged_rounds)
+    _run(run, [*args, "--resume"])  # cleans the leftovers, resumes the newest verified checkpoint, finishes
+    assert (run / "resumed_from.txt").read_text().splitlines()[-1].split() == [expected[0], str(expected[1])]
     assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("*.old"))
     _assert_same_run(run, straight)
+    truth = {(e, b): (g, loss) for e, b, g, loss in _lines(straight)}
+    for e, b, g, loss in _lines(run):  # every round, not only the last one to log a batch
+        assert truth[(e, b)] == (g, loss), f"epoch {e} batch {b} differs from the uninterrupted run"
+
+
+def _verified_count(tmp_path: Path) -> int:
+    count = 0
+    for ckpt in complete_checkpoints(tmp_path / "scratch"):
+        with contextlib.suppress(DamagedCheckpointError):
+            verify_checkpoint(ckpt)
+            count += 1
+    return count
+
+
+def _lines(out: Path) -> list[list[str]]:
+    return [line.split() for line in (out / "losses.txt").read_text().splitlines()]
 
 
 def _newest(run: Path) -> int:

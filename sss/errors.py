@@ -1,0 +1,38 @@
+"""`SSSError`: the base of the errors that sss raises for the user to fix, each with its exit code.
+
+A config problem (`sss.config.ConfigError`), a bad input file (`sss.data.DataError`) or a failed
+Hub push after a finished run (`HubPushError`) subclasses `SSSError`, so the ``sss`` command
+prints its message as one ``error:`` line and exits with `SSSError.exit_code` instead of
+showing a traceback (``sss --traceback ...`` or ``SSS_DEBUG=1`` shows it).
+
+This module imports nothing, so every layer of sss may use it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HubPushError", "SSSError"]
+
+
+class SSSError(Exception):
+    """A problem the user can fix; the message names the file, the config key or the folder, and the fix.
+
+    Example:
+        >>> class OutOfTea(SSSError):
+        ...     exit_code = 3
+        >>> OutOfTea("kitchen: no tea left; buy some").exit_code, SSSError("x").exit_code
+        (3, 1)
+    """
+
+    exit_code: int = 1
+    """What ``sss`` exits with: 2 for configuration problems, 1 for problems found while running."""
+
+
+class HubPushError(SSSError):
+    """The run finished and its results are written, but pushing to the Hugging Face Hub failed.
+
+    The message names the folders still on disk and the ``hf upload`` command that pushes them.
+
+    Example:
+        >>> str(HubPushError("HubPush: 1 push(es) to me/model failed: ..."))
+        'HubPush: 1 push(es) to me/model failed: ...'
+    """

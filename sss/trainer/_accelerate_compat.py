@@ -1,0 +1,153 @@
+"""Workarounds for Accelerate behaviour the loop depends on, one function each, with the upstream issue it works around.
+
+Every workaround has two tests in ``tests/trainer/test_accelerate_compat.py``: one that shows the
+upstream behaviour still needs it (it fails once Accelerate changes: then delete the workaround)
+and one that our path is correct. Written against Accelerate 1.15.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+__all__ = [
+    "cache_package_probes",
+    "clip_grad_norm_",
+    "close_window_early",
+    "end_skipped_step",
+    "fused_loss_scale",
+    "fused_step_skipped",
+    "zero_grad",
+]
+
+
+def clip_grad_norm_(accelerator: Accelerator, parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`Accelerator.clip_grad_norm_` on gradients the loop already unscaled; returns the norm before clipping.
+
+    Upstream: ``clip_grad_norm_`` always calls ``unscale_gradients()`` first, and torch's GradScaler
+    refuses a second ``unscale_`` in one step ("unscale_() has already been called on this optimizer
+    since the last update()", accelerate#641, transformers#23935). The loop unscales once, before
+    AFTER_BACKWARD, so that callbacks see true-scale gradients; this hides the scaler from the one call.
+
+    Example:
+        >>> from torch import nn
+        >>> accelerator = Accelerator(cpu=True)
+        >>> layer = nn.Linear(2, 1)
+        >>> layer(torch.ones(1, 2)).sum().backward()
+        >>> round(float(clip_grad_norm_(accelerator, layer.parameters(), 1.0)), 4)
+        1.7321
+    """
+    native_amp, accelerator.native_amp = accelerator.native_amp, False
+    try:
+        return accelerator.clip_grad_norm_(parameters, max_norm)
+    finally:
+        accelerator.native_amp = native_amp
+
+
+def fused_loss_scale(accelerator: Accelerator, optimizer: Any) -> float | None:
+    """The fp16 loss scale before the step of a fused optimizer (one that unscales in its kernel); None otherwise.
+
+    Upstream (accelerate#4242, fix proposed in accelerate#4243): a fused optimizer skips an
+    inf/NaN step inside its kernel, and ``optimizer_step_was_skipped`` reports the step as taken.
+    The scaler backing off is the only trace, so `fused_step_skipped` compares the scale after the
+    step with this one. Only fused optimizers pay ``get_scale()`` (a device sync), which the
+    unfused ``GradScaler.step`` pays anyway.
+
+    Example:
+        >>> fused_loss_scale(Accelerator(cpu=True), torch.optim.SGD([torch.zeros(1)], lr=0.1)) is None
+        True
+    """
+    scaler, inner = accelerator.scaler, getattr(optimizer, "optimizer", optimizer)
+    if scaler is None or not scaler.is_enabled() or not getattr(inner, "_step_supports_amp_scaling", False):
+        return None
+    return scaler.get_scale()
+
+
+def fused_step_skipped(accelerator: Accelerator, scale_before: float | None) -> bool:
+    """Whether a fused optimizer's step was skipped: the loss scale fell below `scale_before` (see `fused_loss_scale`).
+
+    Example:
+        >>> fused_step_skipped(Accelerator(cpu=True), None)
+        False
+    """
+    return scale_before is not None and accelerator.scaler.get_scale() < scale_before
+
+
+def end_skipped_step(accelerator: Accelerator) -> None:
+    """Close an optimizer step that the loop skips after it unscaled the gradients (``state.skip_step``).
+
+    Upstream: Accelerate has no call to skip a step, and torch's GradScaler keeps its per-optimizer
+    "unscaled" record until ``update()`` (pytorch#67590 asks for an explicit step state), so the next
+    window's ``unscale_gradients()`` would raise "unscale_() has already been called". ``update()``
+    ends the step as a scaler-skipped one ends: it backs the scale off when the gradients held
+    inf/NaN, as they do for a NaN loss. Without a scaler (no fp16) there is nothing to close.
+
+    Example:
+        >>> end_skipped_step(Accelerator(cpu=True))
+    """
+    if accelerator.scaler is not None:
+        accelerator.scaler.update()
+
+
+def zero_grad(optimizer: Any) -> None:
+    """``optimizer.zero_grad(set_to_none=True)`` without `AcceleratedOptimizer.zero_grad`'s per-call signature check.
+
+    Upstream: ``AcceleratedOptimizer.zero_grad`` calls ``inspect.signature`` on the inner
+    ``zero_grad`` at every call (added in accelerate#189; about 40 µs per step here). At a sync step
+    it does nothing else than the inner call, which the loop only makes at sync steps, so call the
+    inner one directly. Wrappers that override ``zero_grad`` (DeepSpeed's) keep their own.
+
+    Example:
+        >>> weight = torch.zeros(1, requires_grad=True)
+        >>> weight.grad = torch.ones(1)
+        >>> zero_grad(torch.optim.SGD([weight], lr=0.1)); weight.grad is None
+        True
+    """
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    if type(optimizer).zero_grad is AcceleratedOptimizer.zero_grad:
+        optimizer.optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def close_window_early(accelerator: Accelerator) -> None:
+    """Make the next ``accelerator.accumulate`` close its accumulation window (``trainer.limit_train_batches``).
+
+    Upstream: ``accumulate`` syncs at a multiple of ``gradient_accumulation_steps`` or at the end of
+    the prepared loader, and has no call to end a window early (accelerate#1847 documents the
+    loader coupling). An epoch cut short by ``limit_train_batches`` ends before the loader does, so
+    this sets Accelerate's micro-batch counter one short of a multiple: the next ``accumulate``
+    reaches it and syncs, and the next window starts from a multiple, as after a full one.
+
+    Example:
+        >>> accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+        >>> close_window_early(accelerator)
+        >>> with accelerator.accumulate():
+        ...     accelerator.sync_gradients
+        True
+    """
+    accelerator.step = accelerator.gradient_accumulation_steps - 1
+
+
+def cache_package_probes() -> None:
+    """Cache Accelerate's per-step probe for the optional ``lomo_optim`` package (a no-op after the first call).
+
+    Upstream: ``AcceleratedOptimizer.step`` calls ``is_lomo_available()`` (a search of ``sys.path``)
+    twice per step since LOMO support came in (accelerate#2695): about 65 µs per step here. Whether
+    the package is installed cannot change mid-run.
+
+    Example:
+        >>> cache_package_probes()
+        >>> import accelerate.optimizer
+        >>> hasattr(accelerate.optimizer.is_lomo_available, "cache_info")
+        True
+    """
+    import accelerate.optimizer
+
+    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
+        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)

@@ -1,0 +1,272 @@
+"""Each Accelerate workaround of sss/trainer/_accelerate_compat.py: upstream still needs it, and our path is right.
+
+A ``test_upstream_*`` test records the Accelerate (or torch) behaviour a workaround exists for. When
+one fails, upstream changed: read the issue named in the workaround's docstring and delete the
+workaround (and that test). The other tests check our path, and fail if the workaround is removed.
+On a CPU Accelerate's fp16 does nothing, so loss scaling runs through a real
+``torch.amp.GradScaler("cpu")`` switched into Accelerate's own machinery (as in test_fp16_skip.py).
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import accelerate.optimizer
+import accelerate.utils.imports
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import DataLoaderConfiguration
+from torch import nn
+
+import sss.trainer._accelerate_compat as compat
+from sss import SSSTrainer
+from sss.testing import BoringModule, boring_loader
+
+QUIET = {"log": {"progress": False, "trackers": []}, "checkpoint": {"every_epoch": False}, "mixed_precision": "no"}
+SCALE = 2.0**4
+
+
+def _fp16_cpu_accelerator(accumulation: int = 1) -> Accelerator:
+    accelerator = Accelerator(
+        cpu=True,
+        mixed_precision="fp16",
+        gradient_accumulation_steps=accumulation,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+    return accelerator
+
+
+def _prepared(accelerator: Accelerator, fused: bool = False) -> tuple[nn.Module, AcceleratedOptimizer]:
+    torch.manual_seed(0)
+    optimizer_class = torch.optim.AdamW if fused else torch.optim.SGD
+    model = nn.Linear(4, 2)
+    options = {"fused": True} if fused else {}
+    return accelerator.prepare(model, optimizer_class(model.parameters(), lr=0.1, **options))
+
+
+def _backward(accelerator: Accelerator, model: nn.Module, poison: bool = False) -> None:
+    loss = model(torch.ones(3, 4)).float().pow(2).mean()
+    accelerator.backward(loss * math.inf if poison else loss)
+
+
+def _weights(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# --- clip_grad_norm_ after the loop's unscale_gradients -------------------------------------------------
+
+
+def test_upstream_clip_grad_norm_unscales_again_and_the_scaler_refuses():
+    accelerator = _fp16_cpu_accelerator()
+    model, _ = _prepared(accelerator)
+    _backward(accelerator, model)
+    accelerator.unscale_gradients()
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called"):
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+
+
+def test_clip_grad_norm_after_unscaling_returns_the_true_norm_clips_and_restores_the_scaler():
+    accelerator = _fp16_cpu_accelerator()
+    model, _ = _prepared(accelerator)
+    _backward(accelerator, model)
+    accelerator.unscale_gradients()
+    true_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    norm = compat.clip_grad_norm_(accelerator, model.parameters(), 1e-3)
+    assert float(norm) == pytest.approx(float(true_norm)) and float(true_norm) > 1e-2
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert float(clipped) == pytest.approx(1e-3, rel=1e-4)
+    assert accelerator.native_amp is True
+
+    def failing():
+        raise ValueError("boom")
+        yield
+
+    with pytest.raises(ValueError, match="boom"):
+        compat.clip_grad_norm_(accelerator, failing(), 1.0)
+    assert accelerator.native_amp is True, "an error left the scaler hidden"
+
+
+# --- fused optimizers skip inside their kernel (accelerate#4242) ----------------------------------------
+
+
+def test_upstream_fused_optimizer_skip_is_reported_as_a_step_taken():
+    accelerator = _fp16_cpu_accelerator()
+    model, optimizer = _prepared(accelerator, fused=True)
+    before = _weights(model)
+    _backward(accelerator, model, poison=True)
+    optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "the kernel stepped"
+    assert accelerator.optimizer_step_was_skipped is False  # accelerate#4242: fixed once this is True
+
+
+def test_fused_skip_is_read_from_the_loss_scale_and_a_good_step_is_not():
+    accelerator = _fp16_cpu_accelerator()
+    model, optimizer = _prepared(accelerator, fused=True)
+    _backward(accelerator, model, poison=True)
+    scale = compat.fused_loss_scale(accelerator, optimizer)
+    optimizer.step()
+    assert scale == SCALE and compat.fused_step_skipped(accelerator, scale)
+    optimizer.optimizer.zero_grad()
+    before = _weights(model)
+    _backward(accelerator, model)
+    scale = compat.fused_loss_scale(accelerator, optimizer)
+    optimizer.step()
+    assert not compat.fused_step_skipped(accelerator, scale)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_unfused_optimizers_pay_no_loss_scale_read():
+    accelerator = _fp16_cpu_accelerator()
+    _, optimizer = _prepared(accelerator, fused=False)
+    assert compat.fused_loss_scale(accelerator, optimizer) is None
+    assert not compat.fused_step_skipped(accelerator, None)
+
+
+# --- a step the loop skips after unscaling --------------------------------------------------------------
+
+
+def test_upstream_a_step_left_open_after_unscaling_refuses_the_next_unscale():
+    accelerator = _fp16_cpu_accelerator()
+    model, optimizer = _prepared(accelerator)
+    _backward(accelerator, model, poison=True)
+    accelerator.unscale_gradients()
+    optimizer.optimizer.zero_grad()  # the loop discards the window: no optimizer.step()
+    _backward(accelerator, model)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called"):
+        accelerator.unscale_gradients()
+
+
+def test_end_skipped_step_closes_the_step_backs_off_and_the_next_one_runs():
+    accelerator = _fp16_cpu_accelerator()
+    model, optimizer = _prepared(accelerator)
+    _backward(accelerator, model, poison=True)
+    accelerator.unscale_gradients()
+    compat.end_skipped_step(accelerator)
+    assert accelerator.scaler.get_scale() == SCALE / 2  # backed off, as a scaler-skipped step does
+    optimizer.optimizer.zero_grad()
+    before = _weights(model)
+    _backward(accelerator, model)
+    accelerator.unscale_gradients()
+    optimizer.step()
+    assert not accelerator.optimizer_step_was_skipped
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_end_skipped_step_without_a_scaler_does_nothing():
+    accelerator = Accelerator(cpu=True)
+    compat.end_skipped_step(accelerator)
+    assert accelerator.scaler is None
+
+
+# --- AcceleratedOptimizer.zero_grad's per-call signature check --------------------------------------------
+
+
+def _count_signature_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    import inspect
+
+    calls: list[object] = []
+
+    def signature(obj, *args, **kwargs):
+        calls.append(obj)
+        return inspect.signature(obj, *args, **kwargs)
+
+    # Only accelerate.optimizer's own lookups are counted (it uses nothing else from inspect).
+    monkeypatch.setattr(accelerate.optimizer, "inspect", SimpleNamespace(signature=signature))
+    return calls
+
+
+def test_upstream_zero_grad_inspects_the_signature_at_every_call(monkeypatch):
+    calls = _count_signature_calls(monkeypatch)
+    accelerator = Accelerator(cpu=True)
+    _, optimizer = _prepared(accelerator)
+    for _ in range(3):
+        optimizer.zero_grad()
+    assert len(calls) == 3
+
+
+def test_zero_grad_calls_the_inner_optimizer_directly_and_keeps_an_override(monkeypatch):
+    calls = _count_signature_calls(monkeypatch)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    _backward(accelerator, model)
+    compat.zero_grad(optimizer)
+    assert calls == [] and all(p.grad is None for p in model.parameters())
+
+    class OwnZeroGrad(AcceleratedOptimizer):  # as DeepSpeed's wrapper overrides zero_grad
+        def zero_grad(self, set_to_none=None):
+            self.cleared = set_to_none
+
+    own = OwnZeroGrad(torch.optim.SGD(model.parameters(), lr=0.1))
+    compat.zero_grad(own)
+    assert own.cleared is True
+
+
+def test_fit_never_runs_the_signature_check(monkeypatch):
+    calls = _count_signature_calls(monkeypatch)
+    trainer = SSSTrainer(max_steps=3, **QUIET)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert trainer.state.global_step == 3 and calls == []
+
+
+# --- an accumulation window closed before the loader ends (limit_train_batches) --------------------------
+
+
+def _syncs(accelerator: Accelerator, loader, stop: int, close: bool) -> list[bool]:
+    syncs = []
+    for i, _ in enumerate(loader):
+        if close and i == stop:
+            compat.close_window_early(accelerator)
+        with accelerator.accumulate():
+            syncs.append(accelerator.sync_gradients)
+        if i == stop:
+            break
+    return syncs
+
+
+def test_upstream_accumulate_leaves_a_window_cut_before_the_loader_end_open():
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(range(10), batch_size=2))
+    assert _syncs(accelerator, loader, stop=2, close=False) == [False, True, False]
+
+
+def test_close_window_early_syncs_that_batch_and_the_next_window_is_full_length():
+    # The trainer-level check is test_limits_and_oom.py::test_limit_train_batches_equals_training_on_...
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(range(10), batch_size=2))
+    assert _syncs(accelerator, loader, stop=2, close=True) == [False, True, True]
+    assert _syncs(accelerator, loader, stop=2, close=True) == [False, True, True]  # the next epoch alike
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(range(20), batch_size=2))
+    assert _syncs(accelerator, loader, stop=3, close=True) == [False, False, True, True]
+    assert _syncs(accelerator, loader, stop=3, close=True) == [False, False, True, True]
+
+
+# --- the optional-package probe in AcceleratedOptimizer.step ---------------------------------------------
+
+
+def test_upstream_optimizer_step_probes_for_lomo_at_every_step(monkeypatch):
+    calls = []
+    monkeypatch.setattr(accelerate.optimizer, "is_lomo_available", lambda: calls.append(1) or False)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    for _ in range(2):
+        _backward(accelerator, model)
+        optimizer.step()
+    assert len(calls) >= 2
+    assert not hasattr(accelerate.utils.imports.is_lomo_available, "cache_info"), "upstream caches it now"
+
+
+def test_fit_caches_the_probe_so_steps_do_not_repeat_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(accelerate.optimizer, "is_lomo_available", lambda: calls.append(1) or False)
+    trainer = SSSTrainer(max_steps=3, **QUIET)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert trainer.state.global_step == 3 and len(calls) == 1
+    assert hasattr(accelerate.optimizer.is_lomo_available, "cache_info")
+    compat.cache_package_probes()  # a second fit does not wrap it again
+    assert not hasattr(accelerate.optimizer.is_lomo_available.__wrapped__, "cache_info")
