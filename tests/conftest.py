@@ -10,6 +10,9 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 import pytest
 import torch
 
+# tests/scripts/ holds programs the tests launch in subprocesses (some run at import): not test modules.
+collect_ignore = ["scripts"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
