@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from sss.errors import SSSError
+
 __all__ = [
     "LOCK",
     "MARKER",
@@ -215,7 +217,7 @@ def remove_checkpoint(checkpoint: Path) -> None:
 
 
 # ---------------------------------------------------------------------- the manifest and verification
-class DamagedCheckpointError(RuntimeError):
+class DamagedCheckpointError(RuntimeError, SSSError):
     """A checkpoint folder with a missing, truncated or altered file (or an unreadable marker)."""
 
 
@@ -299,19 +301,23 @@ def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
         files = {}
         if not any((checkpoint / n).exists() for n in ("model.safetensors", "pytorch_model.bin", _FSDP_MODEL)):
             raise DamagedCheckpointError(f"{checkpoint / 'model.safetensors'} is missing")
+    if not isinstance(files, dict) or any(Path(n).is_absolute() or ".." in Path(n).parts for n in files):
+        raise DamagedCheckpointError(f"{marker}: its file list is not a manifest of this folder: it is damaged")
     needed = [rng_file(i) for i in range(int(meta.get("num_processes", 1)))]
     for name in [*files, *(n for n in needed if n not in files)]:
         file, entry = checkpoint / name, files.get(name)
-        why = _file_problem(file, entry)
+        why = _file_problem(file, entry if isinstance(entry, dict) or entry is None else {})
+        if why and name in needed:
+            why += f" (the RNG state of process {needed.index(name)}; without it the resume would not be exact)"
         if why:
-            rng = f" (the RNG state of process {name[14:-4]}; without it the resume would not be exact)"
-            raise DamagedCheckpointError(f"{file} {why}{rng if name in needed else ''}")
+            raise DamagedCheckpointError(f"{file} {why}")
     return meta
 
 
 def _file_problem(file: Path, entry: dict[str, Any] | None) -> str | None:
+    # entry: what the manifest recorded (None: not in the manifest, only required to be there)
     if not file.is_file():
-        return f"is missing (listed in {MARKER})" if entry else "is missing"
+        return f"is missing (listed in {MARKER})" if entry is not None else "is missing"
     if entry is None:
         return None
     size = file.stat().st_size
@@ -415,7 +421,7 @@ def check_no_code_on_load(folder: Path) -> None:
                 torch.load(file, map_location="cpu", weights_only=True, mmap=_is_zip(file))
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if not _needs_code(exc):  # truncated or garbled: damage, not a security problem
+            if not _needs_code(file, exc):  # truncated or garbled: damage, not a security problem
                 raise DamagedCheckpointError(
                     f"{file} cannot be read ({type(exc).__name__}: {first[:200]}): it is damaged"
                 ) from exc
@@ -426,22 +432,28 @@ def check_no_code_on_load(folder: Path) -> None:
             ) from exc
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UnsafeCheckpointError(RuntimeError, SSSError):
     """A checkpoint file that cannot be loaded without executing code."""
 
 
-# What torch's weights-only unpickler says about an object it would have to build by running code
-# (a global, a reduce call, a class to instantiate); anything else it cannot read is damage.
-_CODE = re.compile(r"global|reduce|can only build|new object|allowlist", re.IGNORECASE)
-
-
-def _needs_code(exc: BaseException) -> bool:
+def _needs_code(file: Path, exc: BaseException) -> bool:
+    # The safe loader refused a file. A whole pickle it refuses needs something beyond plain data
+    # (a global, a reduce call, a protocol feature it does not parse): treated as code. A file that
+    # is not even a whole pickle (cut short, garbled) or a broken zip is damage.
     import pickle
+    import pickletools
 
     if not isinstance(exc, pickle.UnpicklingError):
         return False
-    inner = exc.__cause__ or exc.__context__  # torch re-raises the unpickler's own reason with advice around it
-    return bool(_CODE.search(str(inner if inner is not None else exc)))
+    if _is_zip(file):
+        return True  # the zip container read fine: the refusal is about its pickle's content
+    try:
+        with file.open("rb") as f:
+            for _ in pickletools.genops(f):  # parses the opcodes only: nothing is imported or called
+                pass
+    except Exception:
+        return False
+    return True
 
 
 def _is_zip(file: Path) -> bool:
@@ -538,10 +550,10 @@ LOCK = ".sss.lock"
 _GRACE_S = 1.0
 """How long `lock_folder` waits for a held lock: a run killed a moment ago may still be exiting (tearing
 down its memory) and releases its flock only when it is gone."""
-_HELD: dict[str, FolderLock] = {}  # this process's locks by file, so that one run can take its folder twice
+_HELD: dict[str, FolderLock] = {}  # this process's locks by real path, so that one run can take its folder twice
 
 
-class FolderInUseError(FileExistsError):
+class FolderInUseError(FileExistsError, SSSError):
     """The folder is locked by another live run."""
 
 
@@ -563,7 +575,7 @@ class FolderLock:
         self._count -= 1
         if self._count:
             return
-        _HELD.pop(str(self.path), None)
+        _HELD.pop(os.path.realpath(self.path), None)
         with contextlib.suppress(OSError):
             self.path.unlink()  # before unlocking: a run that opened the old file sees it is gone and retries
         os.close(self._fd)
@@ -596,14 +608,14 @@ def lock_folder(folder: str | Path, what: str = "run") -> FolderLock:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK
-    held = _HELD.get(str(path))
+    held = _HELD.get(os.path.realpath(path))
     if held is not None and held._pid == os.getpid() and held._fd is not None:
         held._count += 1
         return held
     for _ in range(10):  # each retry follows a holder that released or was taken over meanwhile
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            _flock_within(fd, _GRACE_S)
+            _flock_within(fd, 0 if _gone(_read_holder(fd)) else _GRACE_S)
         except BlockingIOError:
             holder = _read_holder(fd)
             same = _same_file(fd, path)
@@ -635,7 +647,7 @@ def lock_folder(folder: str | Path, what: str = "run") -> FolderLock:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(body).encode(), 0)
-        lock = _HELD[str(path)] = FolderLock(path, fd)
+        lock = _HELD[os.path.realpath(path)] = FolderLock(path, fd)
         return lock
     raise FolderInUseError(f"{folder}: could not take {path}: other runs keep taking and releasing it")
 
@@ -670,7 +682,7 @@ def folder_holder(folder: str | Path) -> dict[str, Any] | None:
     except OSError:
         return None
     try:
-        held = _HELD.get(str(path))
+        held = _HELD.get(os.path.realpath(path))
         if held is not None and held._pid == os.getpid() and held._fd is not None:
             return _read_holder(fd) or {"pid": os.getpid()}
         try:

@@ -1,17 +1,20 @@
 """The ``sss`` command: a table of subcommands, each a plain typed function.
 
 Heavy modules (torch, accelerate) are imported inside the commands, so ``sss --help`` is instant.
+Overrides (``key=value``, also ``--key=value`` and ``--key value``) go anywhere on the line; the
+working directory is importable for ``_target_`` (as under ``python -m``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,48 +65,60 @@ def fit(
 
 
 def validate(
-    config: str,
+    config: str | None,
     overrides: list[str],
     ckpt: str,
     output: str | None = None,
     no_ablation: bool = False,
     num_processes: int | None = None,
+    trust_code: bool = False,
 ) -> int:
-    """Evaluate CKPT (a checkpoint or model folder) on the validation split: a table and a metrics JSON file."""
-    return _evaluate("val", config, overrides, ckpt, output, no_ablation, num_processes)
+    """Evaluate CKPT (a checkpoint or model folder) on the validation split: a table and a metrics JSON file.
+
+    Without CONFIG, the config stored with CKPT is used (a checkpoint's trainer_state.json, a model
+    folder's config.yaml), with the overrides merged over it.
+    """
+    return _evaluate("val", config, overrides, ckpt, output, no_ablation, num_processes, trust_code)
 
 
 def test(
-    config: str,
+    config: str | None,
     overrides: list[str],
     ckpt: str,
     output: str | None = None,
     no_ablation: bool = False,
     num_processes: int | None = None,
+    trust_code: bool = False,
 ) -> int:
-    """Evaluate CKPT (a checkpoint or model folder) on the test split: a table and a metrics JSON file."""
-    return _evaluate("test", config, overrides, ckpt, output, no_ablation, num_processes)
+    """Evaluate CKPT (a checkpoint or model folder) on the test split: a table and a metrics JSON file.
+
+    Without CONFIG, the config stored with CKPT is used (a checkpoint's trainer_state.json, a model
+    folder's config.yaml), with the overrides merged over it.
+    """
+    return _evaluate("test", config, overrides, ckpt, output, no_ablation, num_processes, trust_code)
 
 
 def _evaluate(
     split: str,
-    config: str,
+    config: str | None,
     overrides: list[str],
     ckpt: str,
     output: str | None,
     no_ablation: bool,
     processes: int | None,
+    trust_code: bool,
 ) -> int:
     from sss.run.evaluate import check_output
     from sss.run.launch import relaunch
 
+    command = "validate" if split == "val" else "test"
     if output is not None and "LOCAL_RANK" not in os.environ:
         check_output(output)
     if processes and processes > 1 and "LOCAL_RANK" not in os.environ:
         extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
-        command = "validate" if split == "val" else "test"
-        return relaunch(processes, [command, config, *overrides, "--ckpt", ckpt, *extra])
-    cfg = _load_checked(config, overrides)
+        extra += ["--trust-code"] if trust_code else []
+        return relaunch(processes, [command, *([config] if config else []), *overrides, "--ckpt", ckpt, *extra])
+    cfg = _config_for(command, config, overrides, ckpt, trust_code)
     if cfg is None:
         return EXIT_CONFIG
     from sss.run.evaluate import run_evaluate
@@ -112,19 +127,40 @@ def _evaluate(
     return 0
 
 
-def predict(model_dir: str, input: str, output: str, batch_size: int = 32, trust_code: bool = False) -> int:
-    """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest."""
+def predict(
+    model_dir: str,
+    overrides: list[str],
+    input: str,
+    output: str,
+    batch_size: int = 32,
+    trust_code: bool = False,
+) -> int:
+    """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest.
+
+    Overrides: model.KEY=VALUE rebuilds the folder's model with a changed setting (it must still fit
+    the weights); data.allow_outside_root=true accepts manifest paths outside the manifest's folder.
+    """
     from sss.run.predict import predict as run_predict
 
     # A folder naming code outside sss raises UntrustedCodeError (exit 2) before anything is imported.
-    path = run_predict(model_dir, input, output, batch_size=batch_size, trust_code=trust_code)
+    path = run_predict(model_dir, input, output, batch_size=batch_size, trust_code=trust_code, overrides=overrides)
     print(f"wrote {path}")
     return 0
 
 
-def export(config: str, overrides: list[str], ckpt: str, out: str) -> int:
-    """Write the portable model folder (model.safetensors, config.yaml, README.md) of checkpoint CKPT to OUT."""
-    cfg = _load_checked(config, overrides)
+def export(config: str | None, out: str, overrides: list[str], ckpt: str, trust_code: bool = False) -> int:
+    """Write the portable model folder (model.safetensors, config.yaml, README.md) of checkpoint CKPT to OUT.
+
+    Without CONFIG, the config stored in the checkpoint (trainer_state.json) is used, with the overrides merged over it.
+    """
+    if Path(out).is_file() or Path(out).suffix in (".yaml", ".yml"):
+        from sss.config import ConfigError
+
+        raise ConfigError(
+            f"sss export: OUT {out} looks like a config file, not the folder to write: "
+            "sss export [CONFIG] OUT --ckpt PATH"
+        )
+    cfg = _config_for("export", config, overrides, ckpt, trust_code)
     if cfg is None:
         return EXIT_CONFIG
     from sss.run.export import export_checkpoint
@@ -150,7 +186,8 @@ def check(config: str, overrides: list[str]) -> int:
         return EXIT_CONFIG
     from sss.config.instantiate import config_targets
 
-    parts = f"model {cfg.model.get('_target_')}, data {cfg.data.get('_target_')}, output {cfg.trainer.output_dir}"
+    output, _ = planned_output_dir(cfg)
+    parts = f"model {cfg.model.get('_target_')}, data {cfg.data.get('_target_')}, output {output}"
     print(f"{config}: ok ({parts})")
     print("sss fit imports and calls each _target_ of this config (your config is code, as in Hydra):")
     for key, target in config_targets(cfg):
@@ -159,11 +196,48 @@ def check(config: str, overrides: list[str]) -> int:
 
 
 def config(config: str, overrides: list[str]) -> int:
-    """Print CONFIG resolved (defaults <- YAML <- overrides) as YAML."""
+    """Print CONFIG resolved (defaults <- YAML <- overrides) as YAML, with the output folder a fresh sss fit uses."""
     from sss.config import load_config, to_yaml
 
-    print(to_yaml(load_config(config, overrides)), end="")
+    cfg = load_config(config, overrides)
+    cfg.trainer.output_dir, taken = planned_output_dir(cfg)
+    if taken:
+        print(f"# trainer.output_dir: {taken} holds a run, so a fresh `sss fit` writes to {cfg.trainer.output_dir}")
+    print(to_yaml(cfg), end="")
     return 0
+
+
+def planned_output_dir(cfg: Any) -> tuple[str, str | None]:
+    """The folder a fresh ``sss fit`` of `cfg` writes to, and the default folder it moved on from (or None).
+
+    A given ``trainer.output_dir`` is used as it is; the default ``runs/<name>`` moves on to
+    ``runs/<name>_1``, ``_2``, ... while the folder holds a run (results, checkpoints, or a live
+    run's lock), as ``sss.run.fit`` decides when it claims the folder.
+
+    Example:
+        >>> from sss.config import load_config
+        >>> planned_output_dir(load_config(None, ["name=nothing_here_yet"]))
+        ('runs/nothing_here_yet', None)
+    """
+    chosen = cfg.trainer.output_dir
+    numbered = chosen == f"runs/{cfg.name}" if cfg.output_dir_given is None else not cfg.output_dir_given
+    if not numbered or not Path(chosen).exists():  # nothing to look at: no need to import the checkpoint module
+        return chosen, None
+    from sss.checkpoint import complete_checkpoints, folder_holder
+
+    def holds_run(folder: Path) -> bool:
+        return (
+            (folder / "results.json").exists()
+            or bool(complete_checkpoints(folder / "checkpoints"))
+            or folder_holder(folder) is not None
+            or folder_holder(folder / "checkpoints") is not None
+        )
+
+    default, n = chosen, 0
+    while holds_run(Path(chosen)):
+        n += 1
+        chosen = f"{default}_{n}"
+    return chosen, (default if n else None)
 
 
 def data(
@@ -211,20 +285,97 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "data": data,
 }
 
+POSITIONALS: dict[str, tuple[str, ...]] = {
+    "fit": ("config",),
+    "check": ("config",),
+    "config": ("config",),
+    "validate": ("config?",),
+    "test": ("config?",),
+    "export": ("config?", "out"),
+    "predict": ("model_dir",),
+}
+"""The words (not ``key=value``) each command takes, in order; ``?``: may be left out (then it is None).
+Every other word with ``=`` is an override; the commands not listed take none."""
+
+USAGE = {
+    "fit": "sss fit CONFIG [key=value ...] [--resume [PATH]] [--num-processes N] [--debug] [...]",
+    "check": "sss check CONFIG|MODEL_DIR [key=value ...]",
+    "config": "sss config CONFIG [key=value ...]",
+    "validate": "sss validate [CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]",
+    "test": "sss test [CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]",
+    "export": "sss export [CONFIG] OUT --ckpt PATH [key=value ...] [--trust-code]",
+    "predict": "sss predict MODEL_DIR --input MANIFEST --output CSV [model.KEY=VALUE ...] "
+    "[data.allow_outside_root=true] [--trust-code]",
+}
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.\[\]-]*=")
+"""A ``key=value`` word; ``runs/lr=1e-3/model`` (a ``/`` before the ``=``) is a path."""
+_SECTIONS = ("name", "trainer", "model", "data", "callbacks")
+"""The top-level config keys: ``--trainer.max_steps=5`` is an override, not a flag."""
+
+
+def _config_for(command: str, config: str | None, overrides: list[str], ckpt: str, trust_code: bool) -> Any:
+    # CONFIG when given (your own file: trusted, as for sss fit); else the config stored with the
+    # checkpoint or model folder, which must pass the model folder's allowlist unless --trust-code.
+    if config is not None:
+        return _load_checked(config, overrides)
+    from sss.run.evaluate import load_stored_config
+
+    cfg = load_stored_config(ckpt, overrides, trust_code=trust_code, command=command)
+    return _checked(cfg, str(ckpt))
+
 
 def _load_checked(path: str, overrides: list[str], sources: dict[str, str] | None = None) -> Any:
     # The config loaded and checked without building or reading anything; None when `check_config`
     # printed problems. A `ConfigError` of loading reaches main(), which prints it (exit 2).
-    from sss.config import check_config, load_config
+    from sss.config import load_config
 
-    cfg = load_config(path, overrides, sources)
+    return _checked(load_config(path, overrides, sources), path)
+
+
+def _checked(cfg: Any, where: str) -> Any:
+    from sss.config import check_config
+    from sss.config.schema import param_group_problems
+
     errors = check_config(cfg)
+    errors = errors or param_group_problems(cfg.trainer.optim)  # imports the optimizer check_config accepted
     for error in errors:
-        print(f"error: {path}: {error}", file=sys.stderr)
+        print(f"error: {where}: {error}", file=sys.stderr)
     return None if errors else cfg
 
 
-def _parser() -> argparse.ArgumentParser:
+def version_line() -> str:
+    """What ``sss --version`` prints: the versions of sss, torch, accelerate and Python (for bug reports).
+
+    Example:
+        >>> version_line().startswith("sss ")
+        True
+    """
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import sss
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"sss {sss.__version__} (torch {of('torch')}, accelerate {of('accelerate')}, "
+        f"python {platform.python_version()})"
+    )
+
+
+class _Version(argparse.Action):
+    # Computed when asked for, so that building the parser reads no package metadata.
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def _parser(parts: str = "") -> argparse.ArgumentParser:
     from sss.config import SSSConfig, field_docs
 
     fields = "\n".join(f"  {key} (default {default})\n      {doc}" for key, default, doc in field_docs(SSSConfig))
@@ -232,39 +383,59 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="show the full traceback of an error, not one line (or SSS_DEBUG=1)"
     )
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        default=argparse.SUPPRESS,
+        help="print the sss, torch and accelerate versions",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    epilog = f"overrides are key=value pairs, e.g. trainer.max_steps=100\n\nconfig fields:\n{fields}"
+    overrides = (
+        "overrides: key=value (also --key=value or --key value), anywhere on the line, e.g. trainer.max_steps=100"
+    )
+    epilog = f"{overrides}\n\nconfig fields:\n{fields}{parts}"
     for name in ("fit", "check", "config"):
         p = sub.add_parser(
             name,
             help=COMMANDS[name].__doc__,
             description=COMMANDS[name].__doc__,
-            epilog=epilog if name == "fit" else None,
+            usage=USAGE[name],
+            epilog=epilog if name == "fit" else overrides,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.add_argument(
-            "config",
-            help="YAML config file, e.g. examples/industrial.yaml"
-            + (", or a model folder (would loading it run code?)" if name == "check" else ""),
+        what = "YAML config file, e.g. examples/industrial.yaml" + (
+            ", or a model folder (would loading it run code?)" if name == "check" else ""
         )
-        p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+        p.add_argument("words", nargs="*", metavar="CONFIG key=value", help=f"CONFIG: {what}; then overrides")
         if name == "fit":
             _add_fit_flags(p)
+    stored = "CONFIG: the YAML config it was trained with (default: the one stored with --ckpt); then overrides"
+    trust = (
+        "build the parts a stored config names outside sss's own models and data modules (imports and runs that "
+        "code: trusted folders only); a CONFIG you give is trusted"
+    )
     for name in ("validate", "test"):
-        p = sub.add_parser(name, help=COMMANDS[name].__doc__, description=COMMANDS[name].__doc__)
-        p.add_argument("config", help="the YAML config the model was trained with")
-        p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
+        p = _sub(sub, name, overrides)
+        p.add_argument("words", nargs="*", metavar="[CONFIG] key=value", help=stored)
         p.add_argument("--ckpt", required=True, help="checkpoint folder (run/checkpoints/step_N) or model folder")
         p.add_argument("--output", default=None, help="JSON file (default: <run folder>/eval/<split>_<ckpt>.json)")
         p.add_argument("--no-ablation", action="store_true", help="skip the image-only and audio-only passes")
         p.add_argument("--num-processes", "--num_processes", type=int, default=None, help="evaluate in N processes")
-    p = sub.add_parser("export", help=export.__doc__, description=export.__doc__)
-    p.add_argument("config", help="the YAML config the checkpoint was trained with")
-    p.add_argument("out", help="output folder (must not exist or be empty)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides used in training")
+        p.add_argument("--trust-code", action="store_true", help=trust)
+    p = _sub(sub, "export", overrides)
+    p.add_argument(
+        "words", nargs="*", metavar="[CONFIG] OUT key=value", help=f"{stored}; OUT: a new or empty folder to write"
+    )
     p.add_argument("--ckpt", required=True, help="checkpoint folder, e.g. runs/industrial/checkpoints/step_0000375")
-    p = sub.add_parser("predict", help=predict.__doc__, description=predict.__doc__)
-    p.add_argument("model_dir", help="a model folder (OUTPUT_DIR/model, or one written by sss export)")
+    p.add_argument("--trust-code", action="store_true", help=trust)
+    p = _sub(sub, "predict", overrides)
+    p.add_argument(
+        "words",
+        nargs="*",
+        metavar="MODEL_DIR key=value",
+        help="MODEL_DIR: a model folder (OUTPUT_DIR/model, or one written by sss export); then overrides",
+    )
     p.add_argument("--input", required=True, help="manifest CSV/JSONL with image and/or audio columns")
     p.add_argument("--output", required=True, help="CSV to write (must not exist)")
     p.add_argument("--batch-size", type=int, default=32)
@@ -285,6 +456,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-rate", type=int, default=16000, help="audio sample rate in Hz")
     p.add_argument("--clip-seconds", type=float, default=1.0, help="audio clip length")
     return parser
+
+
+def _sub(sub: Any, name: str, epilog: str) -> argparse.ArgumentParser:
+    doc = COMMANDS[name].__doc__
+    return sub.add_parser(
+        name,
+        help=doc.splitlines()[0],
+        description=doc,
+        usage=USAGE[name],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def _add_fit_flags(p: argparse.ArgumentParser) -> None:
@@ -318,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sss`` console script.
 
     Errors end as one line on stderr and an exit code (2: configuration, 1: while running, 130:
-    Ctrl-C); ``sss --traceback ...`` or ``SSS_DEBUG=1`` shows the full traceback instead.
+    Ctrl-C); ``sss --traceback ...`` or ``SSS_DEBUG=1`` shows the full traceback instead. While a
+    command runs, the working directory is on ``sys.path`` (first, as ``python -m`` puts it), so
+    that a ``_target_: mymodule.MyModel`` next to the YAML imports; ``python -P`` or
+    ``PYTHONSAFEPATH=1`` leaves it off.
 
     Example:
         >>> main(["fit", "missing.yaml"])
@@ -327,40 +513,102 @@ def main(argv: list[str] | None = None) -> int:
     # MKL may take another floating-point path in a fresh process, breaking bitwise resume and
     # 1-vs-N-process parity (seen here: 4 of 75 fresh processes); it must be set before torch loads MKL.
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-    parser = _parser()
-    namespace, extra = parser.parse_known_args(argv)
-    args = vars(namespace)
-    traceback = args.pop("traceback") or os.environ.get("SSS_DEBUG", "") not in ("", "0")
-    command = COMMANDS[args.pop("command")]
-    _gather_overrides(parser, args, extra)
-    _RUN.clear()
-    try:
-        _check_flags(args)
-        return command(**args)
-    except BaseException as exc:
-        if traceback or isinstance(exc, SystemExit):
-            raise
-        message, code = explain_error(exc)
-        print(message, file=sys.stderr, flush=True)
-        return code
+    argv = _flag_overrides(list(sys.argv[1:] if argv is None else argv))
+    with _working_directory_importable():
+        parser = _parser(_parts_help(argv))  # the parts of `sss fit CONFIG --help` may be the user's own modules
+        namespace, extra = parser.parse_known_args(argv)
+        args = vars(namespace)
+        traceback = args.pop("traceback") or os.environ.get("SSS_DEBUG", "") not in ("", "0")
+        name = args.pop("command")
+        command = COMMANDS[name]
+        _gather_words(parser, name, args, extra)
+        _RUN.clear()
+        try:
+            _check_flags(args)
+            return command(**args)
+        except BaseException as exc:
+            if traceback or isinstance(exc, SystemExit):
+                raise
+            message, code = explain_error(exc)
+            print(message, file=sys.stderr, flush=True)
+            return code
 
 
 _RUN: dict[str, Any] = {}
 """What the running command works on (``"config"``: the run's config), for the error messages."""
 
 
-def _gather_overrides(parser: argparse.ArgumentParser, args: dict[str, Any], extra: list[str]) -> None:
-    # argparse stops collecting positionals at the first flag, and `--resume` takes the next word:
-    # `sss fit C --resume trainer.max_steps=70 a=1` has two overrides, and a value with `=` is never a path.
-    overrides = args.get("overrides")
-    if isinstance(args.get("resume"), str) and "=" in args["resume"] and overrides is not None:
-        overrides.append(args["resume"])
-        args["resume"] = "latest"
-    unknown = [item for item in extra if item.startswith("-") or "=" not in item or overrides is None]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if overrides is not None:
-        overrides.extend(extra)
+@contextlib.contextmanager
+def _working_directory_importable() -> Iterator[None]:
+    # `python -m sss` puts the working directory first on sys.path; the console script puts its own
+    # bin folder there instead, and `_target_: mymodule.MyModel` beside the YAML would not import.
+    # Taken off again afterwards, for callers of main() in a long-lived process (tests, notebooks).
+    cwd = os.getcwd()
+    add = not getattr(sys.flags, "safe_path", False) and not any(os.path.abspath(p or ".") == cwd for p in sys.path)
+    if add:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if add and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _flag_overrides(argv: list[str]) -> list[str]:
+    # `--trainer.max_steps=5` and `--trainer.max_steps 5` (Lightning CLI's spelling) become
+    # `trainer.max_steps=5`, after a command that takes overrides; flags of sss itself never start
+    # with a config section's name.
+    command = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if command is None or argv[command] not in POSITIONALS:
+        return argv
+    out, i = argv[: command + 1], command + 1
+    while i < len(argv):
+        word = argv[i]
+        key = word[2:].split("=", 1)[0]
+        if not word.startswith("--") or re.split(r"[.\[]", key, maxsplit=1)[0] not in _SECTIONS:
+            out.append(word)
+        elif "=" in word:
+            out.append(word[2:])
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(f"{key}={argv[i + 1]}")
+            i += 1
+        else:
+            out.append(key)  # no value: load_config asks for key=value
+        i += 1
+    return out
+
+
+def _gather_words(parser: argparse.ArgumentParser, command: str, args: dict[str, Any], extra: list[str]) -> None:
+    """Sort the command's words into its positional arguments (`POSITIONALS`) and ``key=value`` overrides."""
+    # argparse collects positionals up to the first flag and leaves the later ones in `extra`, in order.
+    if command not in POSITIONALS:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return
+    first = args.pop("words")
+    flags = [word for word in extra if word.startswith("-")]
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    resume = args.get("resume")
+    if isinstance(resume, str) and _OVERRIDE.match(resume):  # `--resume trainer.max_steps=70`: the latest checkpoint
+        first, args["resume"] = [*first, resume], "latest"
+    words = [*first, *extra]
+    overrides = [word for word in words if _OVERRIDE.match(word)]
+    plain = [word for word in words if not _OVERRIDE.match(word)]
+    if not plain and isinstance(resume, str) and resume.endswith((".yaml", ".yml")) and Path(resume).is_file():
+        plain, args["resume"] = [resume], "latest"  # `sss fit --resume my.yaml`: the config, resuming the latest
+    names = POSITIONALS[command]
+    required = [name for name in names if not name.endswith("?")]
+    if len(plain) < len(required):
+        missing = required[len(plain) :]
+        parser.error(f"missing {' '.join(n.upper() for n in missing)} (usage: {USAGE[command]})")
+    given = list(names) if len(plain) >= len(names) else required  # the optional ones are the ones left out
+    for name in names:
+        args[name.rstrip("?")] = None
+    for name, word in zip(given, plain, strict=False):
+        args[name.rstrip("?")] = word
+    # A word too many is an override without "=": load_config refuses it with the key=value advice.
+    args["overrides"] = overrides + plain[len(given) :]
 
 
 def _check_flags(args: dict[str, Any]) -> None:
@@ -370,6 +618,110 @@ def _check_flags(args: dict[str, Any]) -> None:
         value = args.get(name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+# ------------------------------------------------------------------ sss fit CONFIG --help: the parts' arguments
+def _parts_help(argv: list[str]) -> str:
+    # `sss fit CONFIG --help` adds the arguments of CONFIG's model and data module to the help (their
+    # signatures and docstrings): what model.KEY=VALUE and data.KEY=VALUE can set.
+    if len(argv) < 2 or argv[0] != "fit" or not {"-h", "--help"} & set(argv):
+        return ""
+    takes_value = {"--num-processes", "--num_processes", "--mixed-precision", "--mixed_precision"}
+    takes_value |= {"--gradient-accumulation-steps", "--gradient_accumulation_steps", "--config-file", "--config_file"}
+    words = [w for i, w in enumerate(argv[1:], 1) if not w.startswith("-") and argv[i - 1] not in takes_value]
+    config = next((w for w in words if not _OVERRIDE.match(w)), None)
+    if config is None or not Path(config).is_file():
+        return ""
+    from sss.config import load_config
+
+    try:
+        cfg = load_config(config, [w for w in words if _OVERRIDE.match(w)])
+    except Exception as exc:  # the help still shows; sss check says the rest
+        return f"\n\nthe parts of {config}: not shown, the config does not load: {exc}"
+    head = f"\n\narguments of the parts of {config} (model.KEY=VALUE, data.KEY=VALUE; [set: ...] = CONFIG's value):"
+    return head + "".join(_part_help(section, getattr(cfg, section)) for section in ("model", "data"))
+
+
+def _part_help(section: str, spec: dict[str, Any]) -> str:
+    import inspect
+    import textwrap
+
+    from sss.config import resolve_target
+
+    target = spec.get("_target_") if spec else None
+    if not isinstance(target, str):
+        return f"\n  {section}: no _target_"
+    try:
+        obj = resolve_target(target)
+    except ImportError as exc:
+        return f"\n  {section}: {exc}"
+    title = f"\n{section}: {target}"
+    if target.endswith("create_model") and isinstance(spec.get("name"), str):
+        from sss.models.registry import model_class
+
+        cls = model_class(spec["name"])
+        if cls is not None:
+            title += f"(name={spec['name']!r}) -> {cls.__name__} (the entrypoint sets some defaults of its own)"
+            obj = cls
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return f"{title}\n  (no signature to show)"
+    docs = {**_docstring_args(obj.__doc__), **_docstring_args(getattr(obj, "__init__", None).__doc__)}
+    lines = [title]
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "self":
+            continue
+        kind = p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)
+        text = f"  {section}.{p.name}" + (f": {kind}" if p.annotation is not p.empty else "")
+        text += " (required)" if p.default is p.empty else f" = {p.default!r}"
+        if p.name in spec:
+            text += f"   [set: {spec[p.name]!r}]"
+        lines.append(text)
+        if p.name in docs:
+            lines.append(textwrap.fill(docs[p.name], width=110, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
+
+
+def _docstring_args(doc: str | None) -> dict[str, str]:
+    """The ``Args:`` section of a Google-style docstring: argument name -> its text, on one line.
+
+    Example:
+        >>> _docstring_args('''Build it.
+        ...
+        ... Args:
+        ...     size: Side in pixels,
+        ...         a power of two.
+        ...     rate (int): Samples per second.
+        ...
+        ... Raises:
+        ...     ValueError: never.
+        ... ''')
+        {'size': 'Side in pixels, a power of two.', 'rate': 'Samples per second.'}
+    """
+    import inspect
+
+    found: dict[str, str] = {}
+    inside, indent, current = False, None, None
+    for line in inspect.cleandoc(doc or "").splitlines():
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            inside, indent, current = True, None, None
+            continue
+        if not inside or not stripped:
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:  # the next section (Raises:, Example:, ...)
+            inside = False
+            continue
+        indent = depth if indent is None else indent
+        head = re.match(r"^\*{0,2}(\w+)(?: \([^)]*\))?: ?(.*)$", stripped)
+        if depth == indent and head:
+            current = head[1]
+            found[current] = head[2]
+        elif current is not None:
+            found[current] = f"{found[current]} {stripped}".strip()
+    return found
 
 
 # ------------------------------------------------------------------ errors -> one line and an exit code

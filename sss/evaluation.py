@@ -13,7 +13,7 @@ from typing import Any
 
 from sss.metrics.task import HEADLINE
 
-__all__ = ["LOWER_IS_BETTER", "evaluate", "flat_results", "print_evaluation"]
+__all__ = ["LOWER_IS_BETTER", "evaluate", "flat_results", "modality_keys", "print_evaluation"]
 
 LOWER_IS_BETTER = ("loss", "ber", "error", "_er")
 
@@ -37,7 +37,9 @@ def evaluate(
     Returns ``{"split", "samples", "metrics", "ablation": {"image_only": ..., "audio_only": ...},
     "confusion_matrix"}``; metric names carry no prefix. "image only" means the audio was zeroed,
     and the reverse: what each modality achieves alone, from which `flat_results` derives the
-    fusion gain.
+    fusion gain. The batch key zeroed for each modality is the module's `modality_keys` entry
+    (``LitModule.modality_keys``; ``image`` and ``audio`` by default); a module that names fewer
+    than both gets no ablation.
 
     Example:
         >>> from sss import SSSTrainer
@@ -52,12 +54,13 @@ def evaluate(
     state = trainer.state
     last = (dict(state.eval_metrics), state.eval_outputs) if reuse_last and state.eval_metrics else None
     result: dict[str, Any] = {"split": split, "ablation": {}}
-    modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", ("image", "audio")))
-    if ablation and len(modalities) == 2:
+    keys = modality_keys(module)
+    modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", None) or keys)
+    if ablation and len(modalities) == 2 and {"image", "audio"} <= set(keys):
         for kept, zeroed in (("image", "audio"), ("audio", "image")):
             prefix = f"{split}_{kept}_only"
             result["ablation"][f"{kept}_only"] = _strip(
-                run(module, datamodule, dataloaders=dataloaders, prefix=prefix, zero=zeroed), prefix
+                run(module, datamodule, dataloaders=dataloaders, prefix=prefix, zero=keys[zeroed]), prefix
             )
     # The fused pass last, so that trainer.state (eval_outputs, eval_metrics) describes it afterwards.
     if last is not None:
@@ -74,6 +77,17 @@ def evaluate(
         result["confusion_matrix"] = confusion_matrix(outputs["preds"].cpu(), outputs["target"].cpu(), k).tolist()
     order = ("split", "samples", "metrics", "ablation", "confusion_matrix")
     return {key: result[key] for key in order if key in result}
+
+
+def modality_keys(module: Any) -> dict[str, str]:
+    """The batch key of each modality of `module`: its ``modality_keys``, else ``image`` and ``audio``.
+
+    Example:
+        >>> from sss.testing import BoringModule
+        >>> modality_keys(BoringModule()), modality_keys(object())
+        ({'image': 'image', 'audio': 'audio'}, {'image': 'image', 'audio': 'audio'})
+    """
+    return dict(getattr(module, "modality_keys", {"image": "image", "audio": "audio"}))
 
 
 def flat_results(result: dict[str, Any]) -> dict[str, float]:

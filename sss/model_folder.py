@@ -185,21 +185,54 @@ def _model_card(
     metrics: dict[str, Any],
     prep: dict[str, Any],
 ) -> str:
+    # `metrics` may carry what `sss fit` recorded of the run (results.json's keys: global_step,
+    # mixed_precision as Accelerate used it, sss_version, ...); `sss export` and a Hub push pass the
+    # metrics alone, and the card then says what was configured and when it was exported.
+    from datetime import datetime, timezone
+
+    from sss import __version__
+
+    timing = {"segment_seconds", "train_samples_per_second", "train_seconds_total", "wall_seconds"}
     params = sum(p.numel() for p in module.parameters())
-    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
+    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float) and k not in timing)
     classes = prep.get("classes")
     task = {"multilabel": "multi-label classification", "segmentation": "shadow segmentation"}.get(
         prep.get("task") or "", "single-label classification"
     )
     t = cfg.trainer
+    limits = " / ".join(f"{v} {unit}" for unit, v in (("epochs", t.max_epochs), ("steps", t.max_steps)) if v)
+    used = metrics.get("mixed_precision")
+    if "global_step" in metrics:
+        ran = (
+            f"{metrics['global_step']} optimizer steps, {metrics.get('epochs_completed', '?')} epoch(s) completed, "
+            f"{metrics.get('skipped_steps', 0)} skipped steps"
+            + (f", {metrics['samples_total']} samples" if "samples_total" in metrics else "")
+            + (f" on {metrics['num_processes']} process(es)" if "num_processes" in metrics else "")
+            + f" (limits: {limits} max)"
+        )
+    else:
+        ran = f"up to {limits} (as configured; the steps run are not recorded here)"
+    if used is not None:
+        precision = f"precision {used}" + (" (fp32)" if used == "no" else "")
+        precision += f" (configured {t.mixed_precision})" if t.mixed_precision != used else ""
+    else:
+        precision = f"precision {t.mixed_precision} (as configured)"
+    version = metrics.get("sss_version", __version__)
+    commit = f", commit `{metrics['git_commit']}`" if metrics.get("git_commit") else ""
+    when = (
+        f"finished {metrics['finished_at']}"
+        if metrics.get("finished_at")
+        else f"exported {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    )
     return (
         f"# {cfg.name}\n\nA Shadow & Sound Hunter model trained with `sss` ({type(module).__name__}, "
         f"{params / 1e6:.2f} M parameters).\n\n"
         f"- task: {task}" + (f" over {list(classes)}" if classes else "") + "\n"
         f"- model: `{published['model']}`\n- data: `{published['data']}`\n"
-        f"- training: {t.max_epochs} epochs / {t.max_steps} steps max, precision {t.mixed_precision}, "
+        f"- training: {ran}; {precision}, "
         f"accumulation {t.gradient_accumulation_steps}, clip {t.max_grad_norm}, seed {t.seed}, "
-        f"optimizer `{t.optim.optimizer}`, scheduler `{t.optim.scheduler}`\n\n"
+        f"optimizer `{t.optim.optimizer}`, scheduler `{t.optim.scheduler}`\n"
+        f"- sss {version}{commit}, {when}\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n\n"
         "Load it with `sss.load_model(folder)`; predict with `sss predict FOLDER --input manifest.csv "
         "--output preds.csv`. The full training configuration is in `config.yaml`"

@@ -190,6 +190,15 @@ def test_a_truncated_pickle_is_damage_not_code(tmp_path):
         check_no_code_on_load(tmp_path)
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_whole_pickle_that_needs_code_is_unsafe_whatever_its_protocol(protocol, tmp_path, capsys):
+    # protocol 4 and 5 use opcodes torch's safe loader does not parse: still an attack, not damage
+    (tmp_path / "optimizer.bin").write_bytes(pickle.dumps({"lr": 0.1, "hook": _Boom()}, protocol=protocol))
+    with pytest.raises(UnsafeCheckpointError, match=r"optimizer\.bin would run code when loaded"):
+        check_no_code_on_load(tmp_path)
+    assert "pwned" not in capsys.readouterr().out
+
+
 def test_a_marker_without_the_rng_file_of_a_process_does_not_verify(tmp_path):
     ckpt = _first_run(tmp_path)
     (ckpt / "random_states_0.pkl").unlink()
@@ -208,6 +217,15 @@ def test_an_rng_state_that_load_state_cannot_restore_is_an_error(tmp_path):
     write_marker(ckpt, {k: v for k, v in meta.items() if k != "files"})
     with pytest.raises(DamagedCheckpointError, match=r"random_states_0\.pkl: the RNG state cannot be read from it"):
         _trainer(tmp_path, max_steps=6).fit(BoringModule(), train_dataloaders=boring_loader(), ckpt_path=ckpt)
+
+
+def test_a_manifest_naming_files_outside_its_folder_does_not_verify(tmp_path):
+    ckpt = _first_run(tmp_path)
+    meta = json.loads((ckpt / MARKER).read_text())
+    meta["files"]["../../secret"] = {"size": 1, "crc32": "00000000"}
+    (ckpt / MARKER).write_text(json.dumps(meta))
+    with pytest.raises(DamagedCheckpointError, match=r"its file list is not a manifest of this folder"):
+        verify_checkpoint(ckpt)
 
 
 def test_a_checkpoint_from_before_manifests_is_checked_for_its_model_and_rng_files(tmp_path):

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -107,9 +108,22 @@ def test_a_lock_still_held_by_a_dead_runs_children_is_taken_over(tmp_path, capsy
     assert f"taking over the lock of pid {int(dead.stdout)}" in capsys.readouterr().out
 
 
+def test_a_run_that_is_just_ending_is_waited_for(tmp_path):
+    # kill -9 and an immediate restart: the killed process lets its flock go only once it is gone
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(tmp_path), ready, done))
+    holder.start()
+    assert ready.wait(30)
+    threading.Timer(0.3, done.set).start()
+    with lock_folder(tmp_path):
+        assert folder_holder(tmp_path)["pid"] == os.getpid()
+    holder.join(30)
+
+
 def test_the_same_process_may_take_its_folder_twice(tmp_path):
     outer = lock_folder(tmp_path)
-    inner = lock_folder(tmp_path)
+    inner = lock_folder(".")  # the same folder, named another way (the tests run in tmp_path)
     inner.release()
     assert folder_holder(tmp_path)["pid"] == os.getpid()  # still held by the outer one
     outer.release()

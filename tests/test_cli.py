@@ -156,3 +156,187 @@ def test_manifest_example_trains_on_audio_only_data_and_predicts(tmp_path, capsy
     assert main(["predict", str(model_dir), "--input", str(root / "new.csv"), "--output", "p.csv"]) == 0
     lines = Path("p.csv").read_text().splitlines()
     assert lines[0] == "row,image,audio,prediction,prob_dog,prob_rooster,prob_rain" and len(lines) == 3
+
+
+# ------------------------------------------------------------------ the command line a newcomer types
+BORING_YAML = """\
+trainer: {max_steps: 3, log: {progress: false, trackers: []}}
+model: {_target_: sss.testing.BoringModule}
+data: {_target_: sss.testing.BoringDataModule}
+"""
+
+
+def _boring_run(name: str = "boring", *overrides: str) -> Path:
+    """A 3-step BoringModule run in runs/<name> (about a second); the path of its checkpoint."""
+    Path(f"{name}.yaml").write_text(BORING_YAML)
+    assert main(["fit", f"{name}.yaml", *overrides]) == 0
+    return Path(json.loads(Path(f"runs/{name}/results.json").read_text())["checkpoint_dir"])
+
+
+def test_overrides_are_taken_as_flags_too_anywhere_on_the_line(capsys):
+    argv = ["config", EXAMPLE, "--trainer.max_steps=5", "--trainer.seed", "3", "--data.batch_size=4", "name=x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "max_steps: 5" in out and "seed: 3" in out and "batch_size: 4" in out and "name: x" in out
+    # sss fit takes them the same way (the check fails before anything is built)
+    assert main(["fit", EXAMPLE, "--trainer.max_steps=-1"]) == 2
+    assert "trainer.max_steps must be >= 1" in capsys.readouterr().err
+    assert main(["check", EXAMPLE, "--trainer.max_steps"]) == 2  # no value: the key=value advice
+    assert "write overrides as key=value" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a flag that is no config key stays an error
+        main(["check", EXAMPLE, "--trainer-max-steps=5"])
+    assert exc.value.code == 2 and "unrecognized arguments: --trainer-max-steps=5" in capsys.readouterr().err
+
+
+def test_a_config_path_after_resume_is_the_config(capsys):
+    with pytest.raises(SystemExit, match="no complete checkpoint"):  # it got as far as looking for checkpoints
+        main(["fit", "--resume", EXAMPLE, *SHORT])
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("sss 0.1.0 (torch ") and "accelerate " in out
+
+
+MY_MODULE = """\
+from sss.testing import BoringModule
+
+
+class MyModel(BoringModule):
+    \"\"\"My own model.
+
+    Args:
+        dim: Width of my features.
+        num_classes: How many classes I tell apart.
+    \"\"\"
+"""
+
+
+def test_a_target_in_the_working_directory_imports(tmp_path, capsys, monkeypatch):
+    name = f"mymodule_{tmp_path.name}"  # a fresh module name: sys.modules keeps what a test imported
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    Path(f"{name}.py").write_text(MY_MODULE)
+    Path("my.yaml").write_text(BORING_YAML.replace("sss.testing.BoringModule", f"{name}.MyModel"))
+    assert main(["check", "my.yaml"]) == 0, capsys.readouterr().err
+    assert str(tmp_path) not in sys.path  # taken off again after the command
+    assert main(["check", "my.yaml", "model._target_=nosuchmodule_here.MyModel"]) == 2
+    err = capsys.readouterr().err
+    assert "no module named 'nosuchmodule_here'" in err and f"the working directory {tmp_path}" in err
+    # the console script, whose own sys.path does not hold the working directory
+    sss = Path(sys.executable).with_name("sss")
+    done = subprocess.run([str(sss), "check", "my.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_fit_help_with_a_config_shows_the_arguments_of_its_model_and_data(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["fit", EXAMPLE, "--help"])
+    out = capsys.readouterr().out
+    assert "model.num_classes: int = 4   [set: 4]" in out and "Number of clip classes (logits)." in out
+    assert "-> HunterModule" in out and "data.batch_size: PositiveInt = 32   [set: 32]" in out
+    assert "data.n_train" in out and "trainer.max_grad_norm" in out  # the schema's fields stay
+    name = f"helpmodule_{tmp_path.name}"
+    Path(f"{name}.py").write_text(MY_MODULE.replace("BoringModule):", "BoringModule):  # noqa"))
+    Path("my.yaml").write_text(BORING_YAML.replace("sss.testing.BoringModule", f"{name}.MyModel"))
+    with pytest.raises(SystemExit):
+        main(["fit", "my.yaml", "--help"])
+    out = capsys.readouterr().out
+    assert f"model: {name}.MyModel" in out and "model.dim: int = 8" in out and "Width of my features." in out
+
+
+def test_validate_test_export_read_the_config_stored_with_the_checkpoint(capsys):
+    ckpt = _boring_run()
+    capsys.readouterr()
+    assert main(["validate", "--ckpt", str(ckpt), "--no-ablation"]) == 0  # no CONFIG: the checkpoint's own
+    assert json.loads(Path("runs/boring/eval/val_step_0000003.json").read_text())["samples"] == 16
+    assert main(["validate", "--ckpt", str(ckpt), "data.n_val=8", "--no-ablation"]) == 0  # overrides over it
+    assert json.loads(Path("runs/boring/eval/val_step_0000003_1.json").read_text())["samples"] == 8
+    assert main(["validate", "boring.yaml", "--ckpt", str(ckpt), "--data.n_val", "4", "--no-ablation"]) == 0
+    assert json.loads(Path("runs/boring/eval/val_step_0000003_2.json").read_text())["samples"] == 4
+    assert main(["validate", "--ckpt", "runs/boring/model", "--no-ablation"]) == 0  # a model folder's config.yaml
+    assert main(["export", "out", "--ckpt", str(ckpt)]) == 0  # OUT alone: the checkpoint's config
+    assert Path("out/model.safetensors").is_file() and "BoringModule" in Path("out/config.yaml").read_text()
+    assert main(["export", "boring.yaml", "out2", "--ckpt", str(ckpt)]) == 0  # CONFIG OUT, as before
+    capsys.readouterr()
+    assert main(["export", "boring.yaml", "--ckpt", str(ckpt)]) == 2  # OUT forgotten: not written over the YAML
+    assert "looks like a config file" in capsys.readouterr().err and Path("boring.yaml").is_file()
+    assert main(["validate", "--ckpt", str(ckpt), "trainer.lr=1"]) == 2
+    assert "Did you mean trainer.optim.optimizer.lr?" in capsys.readouterr().err
+
+
+def test_a_stored_config_naming_code_outside_sss_is_refused_before_importing_it(tmp_path, capsys):
+    ckpt = _boring_run()
+    name = f"evilmodule_{tmp_path.name}"
+    Path(f"{name}.py").write_text("raise SystemExit('imported!')\n")
+    marker = ckpt / "trainer_state.json"
+    meta = json.loads(marker.read_text())
+    meta["config"]["data"]["_target_"] = f"{name}.Data"
+    marker.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["validate", "--ckpt", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert f"data._target_: {name}.Data" in err and "--trust-code" in err and "sss validate CONFIG --ckpt" in err
+    assert name not in sys.modules
+    folder = Path("runs/boring/model")
+    (folder / "config.yaml").write_text((folder / "config.yaml").read_text().replace("sss.testing.BoringModule", name))
+    assert main(["export", "out", "--ckpt", str(ckpt)]) == 2 and main(["test", "--ckpt", str(folder)]) == 2
+    assert name not in sys.modules
+    # a config you give is yours: the checkpoint's own config is not read
+    assert main(["validate", "boring.yaml", "--ckpt", str(ckpt), "--no-ablation"]) == 0
+
+
+def _outside_folder_manifest() -> None:
+    import numpy as np
+    import soundfile as sf
+    from PIL import Image
+
+    Path("files").mkdir()
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save("files/a.png")
+    sf.write("files/a.wav", np.zeros(16), 16)
+    Path("files/broken.wav").write_bytes(b"not a wav")
+    Path("in").mkdir()
+    Path("in/m.csv").write_text("image,audio\n../files/a.png,../files/a.wav\n../files/a.png,../files/broken.wav\n")
+
+
+def test_predict_takes_the_overrides_its_errors_advise(capsys):
+    from sss.config import SSSConfig
+    from sss.model_folder import export_model
+    from sss.testing import BoringModule
+
+    cfg = SSSConfig(name="b", model={"_target_": "sss.testing.BoringModule"})
+    export_model(BoringModule(), cfg, {}, "m")
+    Path("m/preprocessing.json").write_text(
+        json.dumps({"classes": ["a", "b"], "image_size": 4, "sample_rate": 16, "clip_seconds": 1.0})
+    )
+    _outside_folder_manifest()
+    assert main(["predict", "m", "--input", "in/m.csv", "--output", "p.csv"]) == 1
+    assert "set data.allow_outside_root=true" in capsys.readouterr().err
+    outside = ["--input", "in/m.csv", "data.allow_outside_root=true"]
+    assert main(["predict", "m", *outside, "--output", "p.csv"]) == 1  # now the broken file: on_error advised
+    assert "set data.on_error=skip" in capsys.readouterr().err
+    assert main(["predict", "m", *outside, "--output", "p.csv", "--data.on_error", "skip"]) == 0
+    lines = Path("p.csv").read_text().splitlines()
+    assert lines[0] == "row,image,audio,prediction,prob_a,prob_b" and len(lines) == 2 and lines[1].startswith("2,")
+    assert "1 row(s) of in/m.csv could not be read" in capsys.readouterr().out
+    assert "broken.wav" in Path("p.skipped.csv").read_text()
+    assert main(["predict", "m", "--input", "in/m.csv", "--output", "q.csv", "trainer.max_steps=5"]) == 2
+    assert "override 'trainer.max_steps=5': sss predict reads only the --input manifest" in capsys.readouterr().err
+    assert main(["predict", "m", "--input", "in/m.csv", "--output", "q.csv", "--model.dim=16"]) == 1
+    assert "does not fit the model" in capsys.readouterr().err  # model.* rebuilds, and the weights must fit it
+    assert main(["predict", "m", "--input", "in/m.csv", "--output", "q.csv", "model._target_=os.system"]) == 2
+    assert "model._target_: os.system" in capsys.readouterr().err  # the allowlist applies to the result
+
+
+def test_an_explicit_output_dir_equal_to_the_default_is_never_moved_on(capsys):
+    _boring_run()
+    assert main(["config", "boring.yaml"]) == 0  # the default moves on: sss config says where to
+    out = capsys.readouterr().out
+    assert "output_dir: runs/boring_1" in out and "runs/boring holds a run" in out
+    assert main(["config", "boring.yaml", "trainer.output_dir=runs/boring"]) == 0
+    assert "output_dir: runs/boring\n" in capsys.readouterr().out
+    assert main(["fit", "boring.yaml", "trainer.output_dir=runs/boring"]) == 1  # given: refused, not moved
+    assert "runs/boring already holds a finished run" in capsys.readouterr().err
+    assert not Path("runs/boring_1").exists()
+    assert main(["fit", "boring.yaml"]) == 0 and Path("runs/boring_1/results.json").is_file()  # the default moves on

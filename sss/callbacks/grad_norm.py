@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sss.callbacks.base import Callback
+from sss.warnings import SSSWarning
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
@@ -20,15 +21,16 @@ MODALITIES = ("image", "audio")
 
 
 def _warn_once(trainer: SSSTrainer, seen: set[str], key: str, message: str, local: bool = False) -> None:
-    """Warn once per `key`; figures equal on every process warn on the main one only, local ones name their rank."""
+    """Warn once per `key` as an `SSSWarning`; figures equal on every process warn on the main one only.
+
+    `local` figures (what this process's data showed) warn on every process; a launched process's
+    warnings carry ``[rank N]`` (`sss.trainer._processes.tag_warnings_with_rank`), so the message does not.
+    """
     if key in seen:
         return
     seen.add(key)
-    accelerator = trainer.accelerator
-    if accelerator.is_main_process:
-        warnings.warn(message, stacklevel=3)
-    elif local:
-        warnings.warn(f"[rank {accelerator.process_index}] {message}", stacklevel=3)
+    if trainer.accelerator.is_main_process or local:
+        warnings.warn(message, SSSWarning, stacklevel=3)
 
 
 class GradNormMonitor(Callback):
@@ -40,7 +42,11 @@ class GradNormMonitor(Callback):
     checks in a row: the norm stays under `min_norm` or the update ratio under `min_update_ratio`
     (learning rate too small); the norm reaches ``trainer.max_grad_norm`` or the update ratio exceeds
     `max_update_ratio` (too large); image or audio gets under `min_share` of the two modalities' norm
-    (imbalance). With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
+    (imbalance). The learning-rate checks wait for a warm-up to end: while the schedule still raises
+    the learning rate (below the optimizer's own ``lr``, or rising, and it has not fallen yet) they
+    do not count, since a small LR, or the large first updates of an adaptive optimizer, are what a
+    warm-up is for. Warnings are `sss.warnings.SSSWarning`, printed as one ``sss: warning: ...`` line.
+    With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
 
     Example:
         >>> from sss import SSSTrainer
@@ -77,12 +83,16 @@ class GradNormMonitor(Callback):
         self._warned: set[str] = set()
         self._before: list[torch.Tensor] | None = None
         self._last_ratio = math.inf
+        self._lr_seen: float | None = None
+        self._lr_rose = False
+        self._lr_fell = False
         self._batch: Any = None
         self._hook: Any = None
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._streaks.clear()
         self._last_ratio = math.inf
+        self._lr_seen, self._lr_rose, self._lr_fell = None, False, False
         if self.ogm_ge and self._hook is None:
             # OGM-GE scores each modality on the batch; the loop does not hand batches to callbacks,
             # so keep a reference to the latest one the module saw (no copy).
@@ -101,6 +111,7 @@ class GradNormMonitor(Callback):
             self._ogm_ge(trainer, module)
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
+        self._follow_lr(trainer)
         if self._before is None:
             return
         after = [p.detach() for p in module.parameters() if p.requires_grad]
@@ -118,6 +129,7 @@ class GradNormMonitor(Callback):
             ratio < self.min_update_ratio,
             f"parameters moved by {ratio:.1e} of their norm per step (under {self.min_update_ratio:.0e}) for "
             f"{self.patience} checks: the learning rate may be too small (lr={lr:.1e}); raise it",
+            lr_advice=True,
         )
         self._check(
             trainer,
@@ -125,7 +137,41 @@ class GradNormMonitor(Callback):
             ratio > self.max_update_ratio,
             f"parameters moved by {ratio:.2f} of their norm per step (over {self.max_update_ratio}) for "
             f"{self.patience} checks: the learning rate may be too large (lr={lr:.1e}); lower it",
+            lr_advice=True,
         )
+
+    def _follow_lr(self, trainer: SSSTrainer) -> None:
+        # Every optimizer step (a float read, no sync): whether the schedule has raised or lowered the LR yet.
+        lr = _current_lr(trainer)
+        if lr is None:
+            return
+        if self._lr_seen is not None:
+            self._lr_rose = lr > self._lr_seen * (1 + 1e-9)
+            self._lr_fell = self._lr_fell or lr < self._lr_seen * (1 - 1e-9)
+        self._lr_seen = lr
+
+    def warming_up(self, trainer: SSSTrainer) -> bool:
+        """Whether the LR schedule is still in its warm-up: the learning rate has not fallen yet and is
+        under the optimizer's own ``lr`` (``initial_lr``, which every torch scheduler records) or still rising.
+
+        Example:
+            >>> from sss import SSSTrainer
+            >>> from sss.testing import BoringModule, boring_loader
+            >>> warmup = {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 4}
+            >>> monitor = GradNormMonitor(every_n_steps=1)
+            >>> trainer = SSSTrainer(max_steps=2, callbacks=[monitor], mixed_precision="no",
+            ...                      optim={"scheduler": warmup}, log={"progress": False, "trackers": []},
+            ...                      checkpoint={"every_epoch": False})
+            sss: mixed precision no
+            >>> _ = trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+            >>> monitor.warming_up(trainer)  # 2 of 4 warm-up steps done
+            True
+        """
+        lr = _current_lr(trainer)
+        if lr is None or self._lr_fell:
+            return False
+        base = trainer.optimizer.param_groups[0].get("initial_lr")
+        return self._lr_rose or (base is not None and lr < base * (1 - 1e-6))
 
     def _measure(self, trainer: SSSTrainer, module: LitModule) -> None:
         groups = module.modality_groups()
@@ -144,6 +190,7 @@ class GradNormMonitor(Callback):
             total < self.min_norm,
             f"the gradient norm stayed under {self.min_norm} for {self.patience} checks (latest {total:.2e}): "
             "the learning rate may be too small, or the loss is saturated",
+            lr_advice=True,
         )
         self._check(
             trainer,
@@ -153,6 +200,7 @@ class GradNormMonitor(Callback):
             f"the gradient norm sat at the clip value trainer.max_grad_norm={clip} for {self.patience} checks "
             f"(latest {total:.2e}): every step is clipped; the learning rate may be too large "
             "(or the clip value too low for this model)",
+            lr_advice=True,
         )
         present = [m for m in MODALITIES if getattr(module, f"{m}_encoder", None) is not None]
         both = sum(norms[m] for m in present)
@@ -168,10 +216,13 @@ class GradNormMonitor(Callback):
                 "GradNormMonitor(ogm_ge=true) to slow the dominant modality (OGM-GE)",
             )
 
-    def _check(self, trainer: SSSTrainer, key: str, bad: bool, message: str) -> None:
-        self._streaks[key] = self._streaks.get(key, 0) + 1 if bad else 0
+    def _check(self, trainer: SSSTrainer, key: str, bad: bool, message: str, lr_advice: bool = False) -> None:
+        # Learning-rate advice during a warm-up would be about a schedule working as meant: the streak starts after it.
+        counts = bad and not (lr_advice and self.warming_up(trainer))
+        self._streaks[key] = self._streaks.get(key, 0) + 1 if counts else 0
         if self._streaks[key] >= self.patience:
-            _warn_once(trainer, self._warned, key, f"GradNormMonitor: {message}")
+            step = trainer.state.global_step
+            _warn_once(trainer, self._warned, key, f"GradNormMonitor (global_step {step}): {message}")
 
     def _ogm_ge(self, trainer: SSSTrainer, module: LitModule) -> None:
         """OGM-GE: slow the gradients of the modality that dominates, then add noise of the gradients' scale.
@@ -232,6 +283,12 @@ class GradNormMonitor(Callback):
         if self._hook is not None:
             self._hook.remove()
         self._hook, self._batch, self._before = None, None, None
+
+
+def _current_lr(trainer: SSSTrainer) -> float | None:
+    # The optimizer's own value: state.lr is only set after the first step.
+    optimizer = trainer.optimizer
+    return float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else None
 
 
 def _norm(params: list[torch.nn.Parameter]) -> float:

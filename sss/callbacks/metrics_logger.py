@@ -1,4 +1,4 @@
-"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV; TensorBoard when installed).
+"""`MetricsLogger`: training and evaluation figures to Accelerate's trackers (CSV, TensorBoard, ...).
 
 A resumed run continues the logs of the run it resumes: ``metrics.csv`` keeps every row up to the
 checkpoint's global step, and TensorBoard keeps its earlier event files, both keyed by
@@ -14,6 +14,7 @@ import dataclasses
 import io
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 from accelerate.tracking import GeneralTracker
 
 from sss.callbacks.base import Callback
+from sss.warnings import SSSWarning
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["CSVTracker", "MetricsLogger", "make_trackers", "read_metrics"]
+__all__ = ["CSVTracker", "MetricsLogger", "make_trackers", "missing_trackers", "read_metrics"]
 
 
 class CSVTracker(GeneralTracker):
@@ -256,6 +258,8 @@ class MetricsLogger(Callback):
         if not accelerator.log_with:  # an Accelerator built with its own log_with keeps it
             logging_dir = trainer.output_dir / "logs"
             accelerator.log_with = filter_trackers(make_trackers(self.trackers, logging_dir), logging_dir)
+            if accelerator.is_main_process:
+                _warn_missing(self.trackers, accelerator.log_with)
         config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
         # purge_step: TensorBoard readers drop the earlier event files' points from that step on
         init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}}
@@ -294,6 +298,28 @@ class MetricsLogger(Callback):
         for tracker in trainer.accelerator.trackers:
             tracker.finish()
         trainer.accelerator.trackers.clear()
+
+
+def missing_trackers(requested: Sequence[str], kept: Sequence[Any]) -> list[str]:
+    """The tracker names of `requested` that Accelerate's ``filter_trackers`` left out of `kept` (not installed).
+
+    Example:
+        >>> missing_trackers(["csv", "tensorboard", "wandb"], [CSVTracker("/tmp/logs"), "tensorboard"])
+        ['wandb']
+    """
+    names = {str(getattr(t, "value", t)) for t in kept if not isinstance(t, GeneralTracker)}  # names or LoggerType
+    return [n for n in requested if n != "csv" and n not in names]
+
+
+def _warn_missing(requested: Sequence[str], kept: Sequence[Any]) -> None:
+    # Accelerate drops an uninstalled tracker with a debug-level log line nobody sees.
+    for name in missing_trackers(requested, kept):
+        warnings.warn(
+            f"tracker {name!r} of trainer.log.trackers is not installed, so nothing is logged to it: "
+            f"pip install {name} (or remove it from trainer.log.trackers)",
+            SSSWarning,
+            stacklevel=3,
+        )
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -53,6 +53,9 @@ def summarize(module: LitModule, batch: dict[str, Any] | None) -> list[BranchSum
     as ``fuse``/``classify``, which module hooks do not see). The RNG state and the train/eval mode
     are restored afterwards, so summarising does not change a run.
 
+    A module with none of ``image_encoder``, ``audio_encoder`` and ``fusion_head`` (a plain model
+    wrapped by ``LitModule.from_model``) has no branches to split by: it gets the ``total`` row only.
+
     Args:
         module: The model.
         batch: A batch the model's ``forward`` accepts (batch size 1 is enough); None skips the MACs.
@@ -67,6 +70,10 @@ def summarize(module: LitModule, batch: dict[str, Any] | None) -> list[BranchSum
         >>> [(r.branch, r.params, r.macs) for r in rows]  # 48*8 + 8, 16*8 + 8, 8*2 + 2
         [('image', 392, 384), ('audio', 136, 128), ('fusion', 18, 16), ('heads', 0, 0), ('total', 546, 528)]
     """
+    if not any(isinstance(getattr(module, attr, None), nn.Module) for attr in _ATTRS.values()):
+        params = list(module.parameters())
+        macs = _flops(module, batch).get("Global", 0) // 2 if batch is not None else None
+        return [BranchSummary("total", _count(params), _count(p for p in params if p.requires_grad), macs)]
     owned: dict[str, list[nn.Parameter]] = {}
     for key, attr in _ATTRS.items():
         part = getattr(module, attr, None)
@@ -91,7 +98,8 @@ def _count(params: Iterable[nn.Parameter]) -> int:
 _ATTRS = {"image": "image_encoder", "audio": "audio_encoder", "fusion": "fusion_head"}
 
 
-def _macs(module: nn.Module, batch: dict[str, Any]) -> dict[str, int]:
+def _flops(module: nn.Module, batch: dict[str, Any]) -> dict[str, int]:
+    # FLOPs of one forward pass by module name ("Global": all of them), leaving the run as it was.
     was_training = module.training
     module.eval()  # no SpecAugment/dropout draws, no BatchNorm statistics updates
     try:
@@ -99,8 +107,12 @@ def _macs(module: nn.Module, batch: dict[str, Any]) -> dict[str, int]:
             module(batch)
     finally:
         module.train(was_training)
+    return {name: sum(counts.values()) for name, counts in counter.get_flop_counts().items()}
+
+
+def _macs(module: nn.Module, batch: dict[str, Any]) -> dict[str, int]:
     root = type(module).__name__
-    flops = {name: sum(counts.values()) for name, counts in counter.get_flop_counts().items()}
+    flops = _flops(module, batch)
     out = {key: flops.get(f"{root}.{attr}", 0) // 2 for key, attr in _ATTRS.items() if key != "fusion"}
     children = {f"{root}.{name}" for name, _ in module.named_children()} - {f"{root}.{a}" for a in _ATTRS.values()}
     out["heads"] = sum(flops.get(name, 0) for name in children) // 2
@@ -112,7 +124,8 @@ class ModelSummary(Callback):
     """Print a rich table of parameters and multiply-adds per branch when `fit` starts (main process only).
 
     The multiply-adds are measured on a dummy batch of one sample, ``{"image": zeros[1, 3, S, S],
-    "audio": zeros[1, 1, N]}``; see `summarize` for how they are counted. Sizes left as None come
+    "audio": zeros[1, 1, N]}`` under the module's ``modality_keys`` (``LitModule.modality_keys``);
+    see `summarize` for how they are counted. Sizes left as None come
     from the fit's datamodule (``image_size``; ``sample_rate * clip_seconds``; only the modalities
     it has), else 64 px and 16000 samples. A model whose forward rejects the dummy still gets its
     parameter counts, with the error in place of the multiply-adds. A stock callback
@@ -154,19 +167,21 @@ class ModelSummary(Callback):
             module: The model (its first parameter gives the device).
 
         Returns:
-            ``{"image": [1, 3, S, S], "audio": [1, 1, N]}`` of zeros (keys with size 0 left out).
+            ``{"image": [1, 3, S, S], "audio": [1, 1, N]}`` of zeros, under the batch keys of the
+            module's ``modality_keys`` (keys with size 0, or that the module does not name, left out).
 
         Example:
             >>> {k: tuple(v.shape) for k, v in ModelSummary(32, 8000).dummy_batch(nn.Linear(1, 1)).items()}
             {'image': (1, 3, 32, 32), 'audio': (1, 1, 8000)}
         """
         device = next(module.parameters()).device
+        keys = getattr(module, "modality_keys", {"image": "image", "audio": "audio"})
         image_size, audio_samples = _sizes_from(None, self.image_size, self.audio_samples)
         batch = {}
-        if image_size:
-            batch["image"] = torch.zeros(1, 3, image_size, image_size, device=device)
-        if audio_samples:
-            batch["audio"] = torch.zeros(1, 1, audio_samples, device=device)
+        if image_size and "image" in keys:
+            batch[keys["image"]] = torch.zeros(1, 3, image_size, image_size, device=device)
+        if audio_samples and "audio" in keys:
+            batch[keys["audio"]] = torch.zeros(1, 1, audio_samples, device=device)
         return batch
 
 

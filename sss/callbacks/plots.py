@@ -1,7 +1,10 @@
-"""`Plots`: PNG curves (loss, metrics, learning rate, per-modality grad norms) and a confusion matrix at fit end."""
+"""`Plots`: the run's curves, one panel per metric family, and the validation confusion matrices, as PNGs at fit end."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,30 +14,128 @@ from sss.callbacks.base import Callback
 from sss.callbacks.metrics_logger import read_metrics
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["Plots"]
+__all__ = ["FAMILIES", "EvalPass", "Plots", "family_of"]
 
-MISSING = "Plots needs matplotlib, an optional extra: pip install 'shadow-sound-hunter[plots]'"
+MISSING = (
+    "Plots needs matplotlib, which sss installs with itself: pip install 'matplotlib>=3.7' "
+    "(or reinstall sss), or turn the plots off with trainer.log.plots=false"
+)
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A panel of ``metrics.png``: the metrics it holds, its title and y label, and whether its axis is logarithmic."""
+
+    title: str
+    ylabel: str
+    log: bool
+    match: Callable[[str], bool]
+
+
+def _is(*names: str) -> Callable[[str], bool]:
+    return lambda key: key in names
+
+
+def _under(*prefixes: str) -> Callable[[str], bool]:
+    return lambda key: key.startswith(prefixes)
+
+
+FAMILIES = (
+    Family("loss", "loss", False, lambda k: k.endswith("/loss")),
+    Family("validation metrics", "score (0 to 1)", False, lambda k: False),  # filled by range, see family_of
+    Family("learning rate", "learning rate", True, lambda k: k == "train/lr" or k.startswith("train/lr/")),
+    Family("momentum", "momentum / beta1", False, _under("train/momentum/")),
+    Family("gradient norm", "L2 norm, before clipping", True, lambda k: k.split("/")[:2] == ["train", "grad_norm"]),
+    Family("gradient share", "share of the squared norm", False, _under("train/grad_share/")),
+    Family("update ratio", "|Δθ| / |θ| per step", True, _is("train/update_ratio")),
+    Family("throughput", "samples / s", False, _is("train/samples_per_sec")),
+    Family("step time", "seconds / step", False, _is("train/step_time_s")),
+    Family("data wait", "fraction of the step time", False, _is("train/data_wait_fraction")),
+    Family("memory", "MB", False, _under("memory/")),
+    Family("fp16 overflow", "steps", False, _under("train/overflow/")),
+    Family("loss scale", "fp16 loss scale", True, _is("train/loss_scale")),
+    Family("OGM-GE", "score ratio / coefficient", False, _under("train/ogm/")),
+)
+"""The panels of ``metrics.png``, in order; a metric that none holds gets a panel of its own."""
+
+NOT_PLOTTED = ("train/epoch", "train/skipped_steps")  # a step counter, and what train/overflow/skipped shows
+
+
+def family_of(key: str, values: Sequence[float] = ()) -> Family:
+    """The panel of ``metrics.png`` that the metric `key` goes into.
+
+    A validation metric other than the loss joins ``validation metrics`` when all its `values` lie
+    in [0, 1] (accuracy, F1, mAP, BER, ...); any other metric that no `FAMILIES` entry holds gets a
+    panel of its own, titled with its name.
+
+    Example:
+        >>> family_of("train/grad_norm/audio").title, family_of("val/loss").title
+        ('gradient norm', 'loss')
+        >>> family_of("val/accuracy", [0.5, 0.9]).ylabel, family_of("val/error_rate", [1.4]).title
+        ('score (0 to 1)', 'val/error_rate')
+    """
+    for fam in FAMILIES:
+        if fam.match(key):
+            return fam
+    if key.startswith("val/") and values and all(0.0 <= v <= 1.0 for v in values):
+        return FAMILIES[1]
+    return Family(key, key.rsplit("/", 1)[-1], False, _is(key))
+
+
+@dataclass(frozen=True)
+class EvalPass:
+    """The class predictions of one evaluation pass of the fit: the fused validation (``val``) or an ablation."""
+
+    prefix: str
+    """The pass's metric prefix: ``val`` (fused), ``val_image_only`` (audio zeroed), ``val_audio_only``."""
+    step: int
+    """``global_step`` when it ran."""
+    preds: torch.Tensor
+    target: torch.Tensor
+
+    @property
+    def what(self) -> str:
+        """``fused (image + audio)``, ``image only (audio zeroed)``, ``audio only (image zeroed)`` or the suffix."""
+        kept = self.prefix.partition("_")[2].removesuffix("_only")
+        if not kept:
+            return "fused (image + audio)"
+        zeroed = {"image": "audio", "audio": "image"}.get(kept)
+        return f"{kept} only ({zeroed} zeroed)" if zeroed else kept.replace("_", " ")
+
+    @property
+    def filename(self) -> str:
+        """``confusion_matrix.png`` for the fused pass, ``confusion_matrix_<modality>_only.png`` for an ablation."""
+        suffix = self.prefix.partition("_")[2]
+        return f"confusion_matrix_{suffix}.png" if suffix else "confusion_matrix.png"
 
 
 class Plots(Callback):
-    """Writes ``OUTPUT_DIR/plots/*.png`` on the main process at FIT_END and lists them in `files`.
+    """Writes ``OUTPUT_DIR/plots/*.png`` on the main process at FIT_END; lists them in `files`, keeps them in `figures`.
 
-    * ``loss.png``: training loss every `every_n_steps` steps, and ``val/loss`` at each validation;
-    * ``metrics.png``: every other validation metric; ``lr.png``: the learning rate;
-    * ``grad_norms.png``: the ``train/grad_norm/<part>`` figures a `GradNormMonitor` listed *before*
-      this callback published (use the same `every_n_steps` for both);
-    * ``confusion_matrix.png``: predicted against true class over the latest validation pass of the
-      fit, from the ``preds`` and ``target`` that `validation_step` returned (``state.eval_outputs``,
-      gathered from all processes).
+    * ``metrics.png``: one panel per metric family (`FAMILIES`: loss, validation metrics in [0, 1],
+      learning rate, gradient norm, throughput, memory, ...), x the optimizer step, y the family's
+      name and unit, a legend beside the panel (none for one series). Training figures every
+      `every_n_steps` steps (the loss, the LR, and what health callbacks listed *before* this one
+      published in ``state.logs``); validation figures at each fused validation. Per-class metrics
+      (``val/f1/<class>``) are left to the trackers.
+    * ``confusion_matrix.png``: predicted against true class of the latest *fused* validation pass,
+      from the ``preds`` and ``target`` that `validation_step` returned (``state.eval_outputs``,
+      gathered from all processes), ticks named by the datamodule's ``classes`` (indices otherwise).
+      The modality ablation that ``sss fit`` runs at the end gets ``confusion_matrix_image_only.png``
+      and ``confusion_matrix_audio_only.png``; each title says which pass, how many samples and the step.
 
-    A resumed fit starts its curves with the history the run logged up to the resumed step, read
-    from ``OUTPUT_DIR/logs/metrics.csv`` (the CSV tracker's cadence, ``log.every_n_steps``); without
-    the CSV tracker the curves start at the resume. The confusion matrix is the latest validation's.
-
-    matplotlib is an optional extra; without it the callback fails at FIT_START, not after training.
+    ``sss fit`` adds it by default (``trainer.log.plots: false`` turns it off). A resumed fit starts
+    its curves with the history logged up to the resumed step, read from
+    ``OUTPUT_DIR/logs/metrics.csv`` (the CSV tracker's cadence, ``log.every_n_steps``); without the
+    CSV tracker the curves start at the resume. matplotlib is imported when the fit starts (and fails
+    there, not after training, when it is missing).
 
     Example:
         >>> import tempfile
@@ -45,9 +146,9 @@ class Plots(Callback):
         ...                      log={"progress": False, "trackers": []}, checkpoint={"every_epoch": False})
         sss: mixed precision no
         >>> _ = trainer.fit(BoringModule(), train_dataloaders=boring_loader(), val_dataloaders=boring_loader(n=16))
-        sss: plots ...
-        >>> [p.name for p in plots.files]
-        ['loss.png', 'metrics.png', 'lr.png', 'confusion_matrix.png']
+        sss: plots in ...: metrics.png, confusion_matrix.png
+        >>> [ax.get_title() for ax in plots.figures["metrics"].axes]
+        ['loss', 'validation metrics', 'learning rate', 'gradient norm']
     """
 
     def __init__(self, every_n_steps: int | None = None, dpi: int = 100) -> None:
@@ -55,10 +156,15 @@ class Plots(Callback):
         self.dpi = dpi
         self.files: list[Path] = []
         """The PNG files written at the latest FIT_END."""
-        self.train: dict[str, list[tuple[int, float]]] = {}
-        self.evals: dict[str, list[tuple[int, float]]] = {}
-        self._preds: list[torch.Tensor] = []
-        self._targets: list[torch.Tensor] = []
+        self.figures: dict[str, Figure] = {}
+        """The matplotlib figures of those files, by file stem (``metrics``, ``confusion_matrix``, ...)."""
+        self.train: Series = {}
+        """Training figures: ``{key: [(step, value), ...]}``."""
+        self.evals: Series = {}
+        """Dataset-level figures of the fused validation passes: ``{"val/accuracy": [(step, value), ...]}``."""
+        self.passes: dict[str, EvalPass] = {}
+        """The latest class predictions of each evaluation pass, by prefix (``val``, ``val_audio_only``, ...)."""
+        self.classes: list[str] | None = None
         self._capturing = False
         self._fitting = False
         self._history_until: int | None = None
@@ -70,7 +176,8 @@ class Plots(Callback):
             raise ModuleNotFoundError(MISSING) from None
         if self.every_n_steps is None:
             self.every_n_steps = trainer.config.log.every_n_steps
-        self.train, self.evals, self.files, self._fitting = {}, {}, [], True
+        self.train, self.evals, self.passes, self.files, self.figures = {}, {}, {}, [], {}
+        self._fitting = True
         start = trainer.state.global_step  # above 0 after a resume
         self._history_until = start if start and trainer.accelerator.is_main_process else None
 
@@ -86,47 +193,82 @@ class Plots(Callback):
         for row in read_metrics(trainer.output_dir / "logs" / "metrics.csv", up_to_step=until):
             step = int(row.pop("step", 0))
             for key, value in row.items():
-                if key in ("train/loss", "train/lr") or key.startswith("train/grad_norm/"):
-                    self.train.setdefault(key, []).append((step, value))
-                elif key.startswith("val/"):
+                if key.startswith("val/") and key.count("/") == 1:
                     self.evals.setdefault(key, []).append((step, value))
+                elif _plotted(key):
+                    self.train.setdefault(key, []).append((step, value))
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state
         if state.step_was_skipped or state.global_step % self.every_n_steps:
             return
-        step = state.global_step
-        self.train.setdefault("train/loss", []).append((step, float(state.loss)))
-        self.train.setdefault("train/lr", []).append((step, state.lr))
-        for key, value in state.logs.items():
-            if key.startswith("train/grad_norm/"):
-                self.train.setdefault(key, []).append((step, float(value)))
+        # What the metrics logger writes at this step (so that a resume reads back the same history).
+        values: dict[str, Any] = {"train/loss": state.loss, "train/lr": state.lr}
+        if state.grad_norm is not None:
+            values["train/grad_norm"] = state.grad_norm
+        values.update(state.logs)
+        for key, value in values.items():
+            number = _number(value)
+            if number is not None and _plotted(key):
+                self.train.setdefault(key, []).append((state.global_step, number))
 
     def on_validation_start(self, trainer: SSSTrainer, module: LitModule) -> None:
-        self._capturing = self._fitting and trainer.state.stage == "val"
+        self._capturing = self._fitting and trainer.state.stage == "val" and trainer.accelerator.is_main_process
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        outputs = trainer.state.eval_outputs
-        if self._capturing and "preds" in outputs and "target" in outputs:
-            self._preds, self._targets = [outputs["preds"].long().cpu()], [outputs["target"].long().cpu()]
-        if self._capturing:
-            for key, value in trainer.state.eval_metrics.items():
-                self.evals.setdefault(key, []).append((trainer.state.global_step, float(value)))
+        if not self._capturing:
+            return
         self._capturing = False
+        state = trainer.state
+        prefix = _prefix(state.eval_metrics)
+        outputs = state.eval_outputs
+        if "preds" in outputs and "target" in outputs:
+            preds, target = outputs["preds"].long().cpu(), outputs["target"].long().cpu()
+            self.passes[prefix] = EvalPass(prefix, state.global_step, preds, target)
+        if prefix == "val":  # the ablation passes' figures are single points at the end: the results table has them
+            for key, value in state.eval_metrics.items():
+                if key.count("/") == 1:  # per-class keys (val/f1/<class>) stay with the trackers
+                    self.evals.setdefault(key, []).append((state.global_step, float(value)))
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._load_history(trainer)  # a resume with nothing left to train ran no epoch
         self._fitting = self._capturing = False
         if trainer.accelerator.is_main_process:
-            self.files = self.write(trainer.output_dir / "plots", getattr(module, "num_classes", None))
-            print(f"sss: plots {', '.join(str(p) for p in self.files)}", flush=True)
+            classes = getattr(trainer.datamodule, "classes", None) or getattr(module, "classes", None)
+            self.classes = [str(c) for c in classes] if classes else None
+            folder = trainer.output_dir / "plots"
+            self.files = self.write(folder, self.classes, getattr(module, "num_classes", None))
+            print(f"sss: plots in {folder}: {', '.join(p.name for p in self.files)}", flush=True)
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._fitting = self._capturing = False
         self._history_until = None
 
-    def write(self, folder: Path, num_classes: int | None = None) -> list[Path]:
-        """Draw the recorded curves (and the confusion matrix) into `folder`; returns the files written.
+    def build(self, classes: Sequence[str] | None = None, num_classes: int | None = None) -> dict[str, Figure]:
+        """The figures of what was recorded, by file stem: ``metrics`` and one ``confusion_matrix*`` per pass.
+
+        Example:
+            >>> plots = Plots()
+            >>> plots.train = {"train/loss": [(1, 0.9), (2, 0.7)], "train/lr": [(1, 1e-3), (2, 1e-3)]}
+            >>> plots.passes = {"val": EvalPass("val", 2, torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]))}
+            >>> figures = plots.build(classes=["ok", "fault"])
+            >>> [(ax.get_title(), ax.get_ylabel()) for ax in figures["metrics"].axes]
+            [('loss', 'loss'), ('learning rate', 'learning rate')]
+            >>> [t.get_text() for t in figures["confusion_matrix"].axes[0].get_xticklabels()]
+            ['ok', 'fault']
+        """
+        figures: dict[str, Figure] = {}
+        panels = _panels({**self.train, **self.evals})
+        if panels:
+            figures["metrics"] = _curves(panels)
+        # The fused pass first; its file keeps the plain name.
+        for prefix in sorted(self.passes, key=lambda p: (p != "val", p)):
+            one = self.passes[prefix]
+            figures[one.filename.removesuffix(".png")] = _confusion(one, classes, num_classes)
+        return figures
+
+    def write(self, folder: Path, classes: Sequence[str] | None = None, num_classes: int | None = None) -> list[Path]:
+        """Draw the recorded curves and confusion matrices (`build`) into `folder`; returns the files written.
 
         Example:
             >>> import tempfile
@@ -134,53 +276,100 @@ class Plots(Callback):
             >>> plots = Plots()
             >>> plots.train = {"train/loss": [(1, 0.9), (2, 0.7)], "train/lr": [(1, 1e-3), (2, 1e-3)]}
             >>> [p.name for p in plots.write(Path(tempfile.mkdtemp()))]
-            ['loss.png', 'lr.png']
+            ['metrics.png']
         """
         folder.mkdir(parents=True, exist_ok=True)
-        panels = {
-            "loss.png": {k: v for k, v in {**self.train, **self.evals}.items() if k in ("train/loss", "val/loss")},
-            "metrics.png": {k: v for k, v in self.evals.items() if k != "val/loss"},
-            "lr.png": {k: v for k, v in self.train.items() if k == "train/lr"},
-            "grad_norms.png": {k: v for k, v in self.train.items() if k.startswith("train/grad_norm/")},
-        }
-        files = [self._curves(folder / name, series) for name, series in panels.items() if series]
-        if self._preds:
-            files.append(self._confusion(folder / "confusion_matrix.png", num_classes))
+        self.figures = self.build(classes, num_classes)
+        files = []
+        for stem, fig in self.figures.items():
+            path = folder / f"{stem}.png"
+            fig.savefig(path, dpi=self.dpi)
+            files.append(path)
         return files
 
-    def _curves(self, path: Path, series: dict[str, list[tuple[int, float]]]) -> Path:
-        fig, ax = _figure()
+
+def _plotted(key: str) -> bool:
+    return key.startswith(("train/", "memory/")) and key not in NOT_PLOTTED
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)  # a tensor's item: a device sync, once per plotting step
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _prefix(metrics: dict[str, float]) -> str:
+    # Which pass ran: validate(prefix=...) names its metrics <prefix>/<name>; the state does not carry it.
+    return next(iter(metrics), "val/").split("/", 1)[0]
+
+
+def _panels(series: Series) -> list[tuple[Family, Series]]:
+    grouped: dict[str, tuple[Family, Series]] = {}
+    for key, points in series.items():
+        if not points:
+            continue
+        fam = family_of(key, [v for _, v in points])
+        grouped.setdefault(fam.title, (fam, {}))[1][key] = points
+    order = {fam.title: i for i, fam in enumerate(FAMILIES)}
+    return sorted(grouped.values(), key=lambda item: order.get(item[0].title, len(order)))
+
+
+def _curves(panels: list[tuple[Family, Series]]) -> Figure:
+    fig = _figure(9.0, 0.6 + 2.4 * len(panels))
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, (fam, series) in zip(axes, panels, strict=True):
         for name, points in series.items():
-            steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=name)
-        if path.name == "grad_norms.png" and all(v > 0 for pts in series.values() for _, v in pts):
-            ax.set_yscale("log")  # the parts' norms differ by orders of magnitude
-        ax.set_xlabel("global step")
-        ax.legend()
+            steps, values = zip(*sorted(points), strict=True)
+            few = len(points) < 30 or name.startswith("val")  # validation points are few and far between
+            ax.plot(steps, values, marker="o" if few else None, markersize=3, label=name)
+        if fam.log and all(v > 0 for pts in series.values() for _, v in pts):
+            ax.set_yscale("log")  # LRs, norms and loss scales span orders of magnitude
+        ax.set_title(fam.title, fontsize="medium")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(fam.ylabel)
         ax.grid(alpha=0.3)
-        fig.savefig(path, dpi=self.dpi, bbox_inches="tight")
-        return path
-
-    def _confusion(self, path: Path, num_classes: int | None) -> Path:
-        preds, targets = torch.cat(self._preds), torch.cat(self._targets)
-        n = num_classes or int(max(preds.max(), targets.max())) + 1
-        matrix = torch.bincount(targets * n + preds, minlength=n * n).reshape(n, n)
-        fig, ax = _figure()
-        ax.imshow(matrix.numpy(), cmap="Blues")
-        for (t, p), count in zip(((t, p) for t in range(n) for p in range(n)), matrix.flatten().tolist(), strict=True):
-            ax.text(p, t, str(count), ha="center", va="center")
-        ax.set_xlabel("predicted class")
-        ax.set_ylabel("true class")
-        ax.set_title(f"latest validation ({len(targets)} samples)")
-        fig.savefig(path, dpi=self.dpi, bbox_inches="tight")
-        return path
+        if len(series) > 1:  # beside the panel, so that it covers no data; the layout makes room for it
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    return fig
 
 
-def _figure() -> tuple[Any, Any]:
-    # the object API, not pyplot: no global figure registry, no GUI backend chosen for the whole process
+def _confusion(one: EvalPass, classes: Sequence[str] | None, num_classes: int | None) -> Figure:
+    preds, target = one.preds, one.target
+    seen = int(max(preds.max(), target.max())) + 1 if len(target) else 1
+    n = max(num_classes or len(classes or ()) or seen, seen)
+    matrix = torch.bincount(target * n + preds, minlength=n * n).reshape(n, n)
+    names = list(classes) if classes is not None and len(classes) == n else [str(i) for i in range(n)]
+    side = min(max(4.5, 0.55 * n + 2.5), 16.0)
+    fig = _figure(side, side * 0.9)
+    ax = fig.add_subplot()
+    image = ax.imshow(matrix.numpy(), cmap="Blues", vmin=0)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="samples")
+    if n <= 25:  # beyond that the numbers would not fit their cells
+        peak = int(matrix.max()) or 1
+        for t in range(n):
+            for p in range(n):
+                count = int(matrix[t, p])
+                ax.text(p, t, str(count), ha="center", va="center", color="white" if count > peak / 2 else "black")
+    slanted = max(map(len, names)) > 3  # long class names would run into each other
+    ax.set_xticks(range(n), names, rotation=45 if slanted else 0, ha="right" if slanted else "center")
+    ax.set_yticks(range(n), names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    accuracy = float((preds == target).double().mean()) if len(target) else math.nan
+    split = one.prefix.partition("_")[0]
+    ax.set_title(
+        f"{split}, {one.what}: {len(target)} samples at step {one.step}\naccuracy {accuracy:.3f}", fontsize="medium"
+    )
+    return fig
+
+
+def _figure(width: float, height: float) -> Figure:
+    # The object API, not pyplot: no global figure registry, no GUI backend chosen for the whole process.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(width, height), layout="constrained")  # room for the legends beside the panels
     FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
+    return fig

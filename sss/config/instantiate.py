@@ -44,7 +44,23 @@ def resolve_target(path: str) -> Any:
                 raise ImportError(f"cannot import {path!r}: {obj.__name__!r} has no attribute {attr!r}")
             obj = getattr(obj, attr)
         return obj
-    raise ImportError(f"cannot import {path!r}: no module named {parts[0]!r}")
+    raise ImportError(f"cannot import {path!r}: no module named {parts[0]!r} {_searched(parts[0])}")
+
+
+def _searched(module: str) -> str:
+    # `python -m sss` and the sss command look in the working directory first; a plain Python program
+    # does not (its script's folder instead), which is where a `mymodule.MyModel` next to the YAML goes missing.
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    on_path = any(os.path.abspath(entry or ".") == cwd for entry in sys.path)
+    where = f"the working directory {cwd}" + ("" if on_path else " (not on sys.path here)")
+    return (
+        f"(looked in {where} and the {len(sys.path) - on_path} other folders of sys.path: PYTHONPATH and the "
+        f"installed packages); run from the folder that holds {module}.py or {module}/, add that folder to "
+        "PYTHONPATH, or pip install the package"
+    )
 
 
 def instantiate(spec: Any, *args: Any, **kwargs: Any) -> Any:

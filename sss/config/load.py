@@ -9,42 +9,66 @@ import inspect
 import itertools
 import re
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sss.config.errors import ConfigError
 from sss.config.schema import SSSConfig
 
-__all__ = ["field_docs", "load_config", "to_yaml"]
+__all__ = ["closest_keys", "field_docs", "load_config", "to_yaml"]
 
 
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     sources: dict[str, str] | None = None,
+    *,
+    stored: Mapping[str, Any] | None = None,
 ) -> SSSConfig:
     """Merge defaults <- YAML file <- ``key=value`` overrides into a checked `SSSConfig`.
 
     Raises `ConfigError` naming the file (once) and the key on unknown keys, wrong types, bad
-    values and duplicate YAML keys; a problem of an override names the override too.
+    values and duplicate YAML keys; a problem of an override names the override too. An unknown
+    key names the closest valid keys anywhere in the schema and the config (``trainer.lr``: did
+    you mean ``trainer.optim.optimizer.lr``?).
     A `sources` dict is filled with where each explicitly set value came from: dotted key ->
-    the YAML file's path or ``"override"`` (keys left at their default are absent).
+    the YAML file's path or ``"override"`` (keys left at their default are absent: a
+    ``trainer.output_dir`` filled in as ``runs/<name>`` too). The returned config's
+    `SSSConfig.output_dir_given` says whether ``trainer.output_dir`` was given.
+
+    `stored` is a config already read as a mapping, e.g. the ``config`` that a checkpoint's
+    ``trainer_state.json`` holds; it takes the YAML file's place, and `path` then only names it
+    in messages.
 
     Example:
         >>> sources = {}
         >>> cfg = load_config(None, ["trainer.max_steps=5", "name=demo"], sources)
-        >>> cfg.trainer.max_steps, cfg.trainer.output_dir, sources["trainer.max_steps"]
-        (5, 'runs/demo', 'override')
+        >>> cfg.trainer.max_steps, cfg.trainer.output_dir, sources["trainer.max_steps"], cfg.output_dir_given
+        (5, 'runs/demo', 'override', False)
         >>> load_config(None, ["trainer=5"])
         Traceback (most recent call last):
         ...
         sss.config.errors.ConfigError: defaults: override 'trainer=5': trainer: expected a mapping ..., got int 5
+        >>> load_config(None, ["trainer.lr=1e-4"])
+        Traceback (most recent call last):
+        ...
+        sss.config.errors.ConfigError: defaults: override 'trainer.lr=1e-4': trainer.lr: Key 'lr' not in \
+'TrainerConfig'. Did you mean trainer.optim.optimizer.lr?
+        >>> load_config("run_42/trainer_state.json", stored={"trainer": {"max_steps": 7}}).trainer.max_steps
+        7
     """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     where = str(path) if path is not None else "defaults"
-    layers = [("", _read_yaml(Path(path)))] if path is not None else []  # its errors name the file already
+    if stored is not None:
+        try:
+            layers = [("", OmegaConf.create(dict(stored)))]
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"{where}: the stored config does not read: {str(exc).splitlines()[0]}") from None
+    else:
+        layers = [("", _read_yaml(Path(path)))] if path is not None else []  # its errors name the file already
     for item in _checked_overrides(overrides, where):
         try:
             layers.append((f"override {item!r}: ", OmegaConf.from_dotlist([item])))
@@ -57,7 +81,8 @@ def load_config(
         try:
             merged = OmegaConf.merge(merged, layer)
         except (OmegaConfBaseException, TypeError) as exc:  # TypeError: a list and a mapping mixed up
-            raise ConfigError(f"{where}: {origin}{_merge_problem(merged, data, exc)}") from None
+            problem = _with_suggestion(_merge_problem(merged, data, exc), merged, data)
+            raise ConfigError(f"{where}: {origin}{problem}") from None
     try:
         config: SSSConfig = OmegaConf.to_object(merged)  # runs every __post_init__
     except OmegaConfBaseException as exc:
@@ -66,9 +91,106 @@ def load_config(
         raise ConfigError(f"{where}: {exc}") from None
     if not config.name:
         config.name = Path(path).stem if path is not None else "run"
-    if config.trainer.output_dir is None:
+    config.output_dir_given = config.trainer.output_dir is not None
+    if not config.output_dir_given:
         config.trainer.output_dir = f"runs/{config.name}"
+        if sources is not None:
+            sources.pop("trainer.output_dir", None)  # written as null: the default all the same
     return config
+
+
+_UNKNOWN_KEY = re.compile(r"^(?P<key>[\w.\[\]]+): Key '[^']*' not in '\w+'")
+
+
+def _with_suggestion(problem: str, merged: Any, data: Any) -> str:
+    # OmegaConf suggests keys of the same section only (trainer.batch_size -> auto_batch_size); a
+    # newcomer's key is often right but in another section: name the closest keys of the whole config.
+    found = _UNKNOWN_KEY.match(problem)
+    if found is None:
+        return problem
+    close = closest_keys(found["key"], _known_keys(merged, data))
+    if not close:
+        return problem
+    head = problem.split(". Did you mean", 1)[0]
+    return f"{head}. Did you mean {' or '.join(close)}?"
+
+
+def closest_keys(key: str, known: list[str], n: int = 3) -> list[str]:
+    """The dotted keys of `known` closest to the unknown `key`: same last name first, then similar spelling.
+
+    Example:
+        >>> closest_keys("trainer.lr", ["trainer.max_steps", "trainer.optim.optimizer.lr", "data.lr_x"])
+        ['trainer.optim.optimizer.lr']
+        >>> closest_keys("max_steps", ["trainer.max_steps", "trainer.max_epochs"])
+        ['trainer.max_steps']
+        >>> closest_keys("trainer.log.every_n_step", ["trainer.log.every_n_steps", "trainer.checkpoint.every_n_steps"])
+        ['trainer.log.every_n_steps', 'trainer.checkpoint.every_n_steps']
+    """
+    import difflib
+
+    def similarity(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    leaf = key.rsplit(".", 1)[-1]
+    others = [k for k in dict.fromkeys(known) if k != key and not key.startswith(f"{k}.")]  # not its own section
+    same = [k for k in others if k.rsplit(".", 1)[-1] == leaf]
+    if same:  # the right name in another section: the nearest sections first
+        return sorted(same, key=lambda k: -similarity(key, k))[:n]
+    leaves = {k.rsplit(".", 1)[-1] for k in others}
+    near = set(difflib.get_close_matches(leaf, leaves, n=n, cutoff=0.75))
+    close = [k for k in others if k.rsplit(".", 1)[-1] in near]
+    if not close:  # a misspelled section, say
+        close = difflib.get_close_matches(key, others, n=n, cutoff=0.8)
+    return sorted(close, key=lambda k: (-similarity(leaf, k.rsplit(".", 1)[-1]), -similarity(key, k)))[:n]
+
+
+def _known_keys(merged: Any, data: Any) -> list[str]:
+    """Every dotted key a config may set: the schema's, those the config itself has, and its parts' arguments."""
+    from omegaconf import OmegaConf
+
+    known = [key for key, _, _ in field_docs(SSSConfig)]
+    tree = OmegaConf.to_container(merged) if merged is not None else {}
+    known += _dotted(tree)
+    for section, spec in (
+        ("model", tree.get("model")),
+        ("data", tree.get("data")),
+        ("trainer.optim.optimizer", tree.get("trainer", {}).get("optim", {}).get("optimizer")),
+        ("trainer.optim.scheduler", tree.get("trainer", {}).get("optim", {}).get("scheduler")),
+    ):
+        known += [f"{section}.{name}" for name in _own_argument_names(spec)]
+    return [k for k in known if not k.endswith("._target_")]
+
+
+def _dotted(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return []
+    keys = []
+    for key, value in tree.items():
+        keys.append(f"{prefix}{key}")
+        keys += _dotted(value, f"{prefix}{key}.")
+    return keys
+
+
+def _own_argument_names(spec: Any) -> list[str]:
+    # The arguments of a part only where naming them imports nothing but sss and torch: a config may come
+    # from a model folder, whose other targets must not be imported before the trust check.
+    import inspect
+
+    target = spec.get("_target_") if isinstance(spec, dict) else None
+    if not isinstance(target, str) or not target.startswith(("sss.", "torch.")):
+        return []
+    try:
+        from sss.config.instantiate import resolve_target
+
+        obj = resolve_target(target)
+        if obj.__name__ == "create_model" and isinstance(spec.get("name"), str):
+            from sss.models.registry import model_class
+
+            obj = model_class(spec["name"]) or obj
+        params = inspect.signature(obj).parameters.values()
+    except Exception:  # a suggestion is a nicety: a part that does not resolve is reported by sss check
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "params"]
 
 
 def _merge_problem(base: Any, data: Any, exc: Exception) -> str:

@@ -8,12 +8,22 @@ callbacks) are ``_target_`` specs, checked by `sss.config.check_config` without 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sss.config.errors import ConfigError, require
 from sss.config.sharding import check_sharding
 
-__all__ = ["PRECISIONS", "CheckpointConfig", "ConfigError", "LogConfig", "OptimConfig", "SSSConfig", "TrainerConfig"]
+__all__ = [
+    "GROUP_KEYS",
+    "PRECISIONS",
+    "CheckpointConfig",
+    "ConfigError",
+    "LogConfig",
+    "OptimConfig",
+    "SSSConfig",
+    "TrainerConfig",
+    "param_group_problems",
+]
 
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 
@@ -34,6 +44,77 @@ class OptimConfig:
     scheduler: dict[str, Any] | None = None
     """``_target_`` spec of an LR scheduler stepped once per optimizer step (it receives the optimizer,
     and ``total_steps`` when it takes one), e.g. ``{_target_: sss.trainer.cosine_with_warmup, warmup_steps: 50}``."""
+    param_groups: list[dict[str, Any]] = field(default_factory=list)
+    """Per-part optimizer settings: ``[{params: "image_encoder.*", lr: 1.0e-4}, ...]``; ``params`` is a glob (or a
+    list of globs) over parameter names, the first entry that matches a parameter wins, and the other keys
+    (``lr``, ``weight_decay``, ``betas``, ... and an optional ``name`` for the LR logs) replace the optimizer's
+    for it; parameters no entry matches keep the optimizer's. Weight decay stays off biases and norms; the
+    scheduler scales every group. Empty: one setting for all parameters."""
+
+    def __post_init__(self) -> None:
+        for i, group in enumerate(self.param_groups):
+            key = f"trainer.optim.param_groups[{i}]"
+            require(
+                isinstance(group, dict), f"{key}: expected a mapping such as {{params: 'image_encoder.*', lr: 1e-4}}"
+            )
+            patterns = group.get("params")
+            globs = [patterns] if isinstance(patterns, str) else patterns
+            require(
+                isinstance(globs, list) and bool(globs) and all(isinstance(g, str) and g.strip() for g in globs),
+                f"{key}.params: expected a glob over parameter names such as 'image_encoder.*' (or a list of them), "
+                f"got {patterns!r}",
+            )
+            for name, low in (("lr", "> 0"), ("weight_decay", ">= 0")):
+                value = group.get(name)
+                if value is None:
+                    continue
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                require(number, f"{key}.{name}: expected a number, got {type(value).__name__} {value!r}")
+                require(value > 0 if name == "lr" else value >= 0, f"{key}.{name}: must be {low}, got {value!r}")
+
+
+GROUP_KEYS = ("params", "name")
+"""Keys of a ``trainer.optim.param_groups`` entry that are not optimizer settings: the globs, the group's name."""
+
+
+def param_group_problems(optim: OptimConfig) -> list[str]:
+    """Settings of ``trainer.optim.param_groups`` that the optimizer does not take, each naming its key.
+
+    torch keeps any key of a parameter group without a word, so a misspelled ``lrr`` would change
+    nothing; this imports the optimizer's ``_target_`` (call it after a model folder's trust check)
+    and compares the keys with its arguments.
+
+    Example:
+        >>> optim = OptimConfig(param_groups=[{"params": "image_encoder.*", "lrr": 1e-4}])
+        >>> param_group_problems(optim)  # doctest: +ELLIPSIS
+        ["trainer.optim.param_groups[0].lrr: not a setting of torch.optim.AdamW (did you mean 'lr'?); ..."]
+    """
+    import difflib
+    import inspect
+
+    from sss.config.instantiate import resolve_target
+
+    if not optim.param_groups:
+        return []
+    name = optim.optimizer.get("_target_")
+    try:
+        params = inspect.signature(resolve_target(name)).parameters
+    except (ImportError, TypeError, ValueError):
+        return []  # an optimizer that does not import is reported as such; one without a signature: no check
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    valid = [n for n, p in params.items() if n != "params" and p.kind is not p.VAR_POSITIONAL]
+    problems = []
+    for i, group in enumerate(optim.param_groups):
+        for key in group:
+            if key not in GROUP_KEYS and key not in valid:
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(
+                    f"trainer.optim.param_groups[{i}].{key}: not a setting of {name}{hint}; "
+                    f"a group may set: {', '.join(valid)} (and params, name)"
+                )
+    return problems
 
 
 @dataclass
@@ -83,8 +164,11 @@ class LogConfig:
     every_n_steps: int = 10
     """Log training metrics every N optimizer steps."""
     trackers: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
-    """Accelerate trackers: ``csv`` (always available), ``tensorboard`` (used when installed), ``wandb``, ...;
-    an empty list turns metric logging off."""
+    """Accelerate trackers: ``csv`` (always available), ``tensorboard`` (installed with sss), ``wandb``, ...;
+    an empty list turns metric logging off. A tracker that is not installed is skipped with a warning."""
+    plots: bool = True
+    """Write PNG plots at fit end: ``OUTPUT_DIR/plots/metrics.png`` (one panel per metric family) and the
+    validation confusion matrices (`sss.callbacks.Plots`); false turns them off."""
 
     def __post_init__(self) -> None:
         require(self.every_n_steps >= 1, f"trainer.log.every_n_steps must be >= 1, got {self.every_n_steps}")
@@ -123,6 +207,9 @@ class TrainerConfig:
     """Train on at most N batches per epoch (null: all); the epoch's last window still steps."""
     limit_val_batches: int | None = None
     """Evaluate on at most N batches (null: all)."""
+    sanity_val_batches: int = 2
+    """Before training, run N validation batches through validation_step and compute_metrics and discard the
+    result, so an evaluation bug fails in seconds, not after an epoch (0: off; skipped on resume)."""
     overfit_batches: int = 0
     """Train and validate on the same first N training batches every epoch (0: off); a model that cannot
     fit them has a bug."""
@@ -171,6 +258,10 @@ class TrainerConfig:
         for key in ("limit_train_batches", "limit_val_batches"):
             value = getattr(self, key)
             require(value is None or value >= 1, f"trainer.{key} must be >= 1 (or null for all), got {value}")
+        require(
+            self.sanity_val_batches >= 0,
+            f"trainer.sanity_val_batches must be >= 0 (0 turns it off), got {self.sanity_val_batches}",
+        )
         for key in ("overfit_batches", "fast_dev_run"):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
@@ -202,3 +293,9 @@ class SSSConfig:
     """``_target_`` spec of the DataModule."""
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """``_target_`` specs of extra callbacks, run in this order before the stock ones."""
+
+    output_dir_given: ClassVar[bool | None] = None
+    """Not a YAML key: `load_config` sets it on the config it returns, True when ``trainer.output_dir`` was
+    written (in the YAML or an override), False when it was filled in as ``runs/<name>``. ``sss fit`` moves a
+    default folder that holds a run on to ``runs/<name>_1``, ... but never a given one; None (a config built
+    in Python): a ``runs/<name>`` folder counts as the default."""

@@ -53,14 +53,13 @@ class KeyRule:
     fix: str
     """What to do when the value does not match and no `hints` entry says something more precise."""
     hints: tuple[tuple[Callable[[Tensor], bool], str], ...] = ()
-    """``(when, say)`` pairs for common mistakes, tried in order: the first `when` that holds picks the message."""
+    """``(when, say)`` pairs for common mistakes, tried in order: the first `when` that holds gives the message
+    (``{must}`` in `say` stands for `must`)."""
 
 
 def _integer(t: Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
-
-_LABEL_IS_MULTI_HOT = "'label' means class indices int64 [B]; for multi-hot float [B, K] targets use 'labels'"
 
 BATCH_KEYS: tuple[KeyRule, ...] = (
     KeyRule(
@@ -72,17 +71,17 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         (
             (
                 lambda t: t.ndim == 4 and t.shape[-1] == 3 and t.shape[1] != 3,
-                "it looks channels-last [B, H, W, 3]: permute each sample to [3, H, W] in your dataset "
-                "(torchvision's ToTensor does)",
+                "it must be {must} and looks channels-last [B, H, W, 3]: permute each sample to [3, H, W] in "
+                "your dataset (torchvision's ToTensor does)",
             ),
             (
                 lambda t: t.ndim == 4 and t.shape[1] in (1, 4),
-                "convert the images to RGB in your dataset (PIL's image.convert('RGB'))",
+                "it must be {must}: convert the images to RGB in your dataset (PIL's image.convert('RGB'))",
             ),
             (
                 lambda t: t.dtype == torch.uint8,
-                "scale the pixels to floats in your dataset (torchvision's ToTensor, or image.float() / 255, "
-                "then normalise)",
+                "it must be {must}: scale the pixels to floats in your dataset (torchvision's ToTensor, or "
+                "image.float() / 255, then normalise)",
             ),
         ),
     ),
@@ -95,7 +94,7 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         (
             (
                 lambda t: not t.is_floating_point() and t.ndim in (2, 3),
-                "convert integer PCM to floats in your dataset (audio.float() / 32768 for 16-bit)",
+                "it must be {must}: convert integer PCM to floats in your dataset (audio.float() / 32768 for 16-bit)",
             ),
         ),
     ),
@@ -106,9 +105,15 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         "class indices int64 [B]",
         "return each sample's class index as an int (or a 0-d int64 tensor) from your dataset",
         (
-            (lambda t: t.is_floating_point() and t.ndim == 2, _LABEL_IS_MULTI_HOT),
-            (lambda t: t.ndim == 2 and t.shape[1] == 1, "drop the extra dimension: a scalar per sample"),
-            (lambda t: t.is_floating_point(), "class indices must be integers: use .long() in your dataset"),
+            (
+                lambda t: t.ndim == 2 and t.shape[1] == 1,
+                "it must be {must}: return a scalar class index per sample, not a [1] tensor",
+            ),
+            (
+                lambda t: t.ndim == 2,
+                "'label' means class indices int64 [B]; for multi-hot float [B, K] targets use 'labels'",
+            ),
+            (lambda t: t.is_floating_point(), "it must be {must}: convert it with .long() in your dataset"),
         ),
     ),
     KeyRule(
@@ -119,7 +124,7 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         "return one multi-hot float [K] tensor per sample from your dataset",
         (
             (lambda t: t.ndim == 1, "'labels' means multi-hot float [B, K]; for class indices use 'label'"),
-            (lambda t: t.ndim == 2, "convert it with .float() in your dataset"),
+            (lambda t: t.ndim == 2, "it must be {must}: convert it with .float() in your dataset"),
         ),
     ),
     KeyRule(
@@ -128,7 +133,7 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         (("B", "T", "K"),),
         "float frame targets [B, T, K]",
         "return one float [T, K] tensor of frame targets per sample from your dataset",
-        ((lambda t: t.ndim == 3, "convert it with .float() in your dataset"),),
+        ((lambda t: t.ndim == 3, "it must be {must}: convert it with .float() in your dataset"),),
     ),
     KeyRule(
         "mask",
@@ -137,8 +142,11 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         "a float shadow mask [B, 1, h, w] in [0, 1]",
         "return one float [1, h, w] mask per sample from your dataset",
         (
-            (lambda t: t.ndim == 3, "add the channel dimension: a [1, h, w] mask per sample"),
-            (lambda t: t.ndim == 4 and t.shape[1] == 1, "scale it to floats in [0, 1] (mask.float() / 255)"),
+            (lambda t: t.ndim == 3, "it must be {must}: add the channel dimension, a [1, h, w] mask per sample"),
+            (
+                lambda t: t.ndim == 4 and t.shape[1] == 1,
+                "it must be {must}: convert it to floats in your dataset (mask.float(), divided by 255 for 8-bit)",
+            ),
         ),
     ),
     KeyRule(
@@ -212,7 +220,7 @@ def _check_key(rule: KeyRule, value: Any, where: str) -> None:
     got = f"{str(value.dtype).removeprefix('torch.')} [{', '.join(map(str, value.shape))}]"
     for when, say in rule.hints:
         if when(value):
-            raise BatchFormatError(f"{where}'s '{rule.key}' is {got}; {say}")
+            raise BatchFormatError(f"{where}'s '{rule.key}' is {got}; {say.format(must=rule.must)}")
     raise BatchFormatError(f"{where}'s '{rule.key}' is {got}; it must be {rule.must}: {rule.fix}")
 
 

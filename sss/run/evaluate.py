@@ -8,16 +8,19 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sss.checkpoint import MARKER
+from sss.config import ConfigError, SSSConfig, load_config
+from sss.config.instantiate import config_targets
 from sss.evaluation import evaluate, print_evaluation
-from sss.model_folder import load_trained_weights
+from sss.model_folder import UntrustedCodeError, load_trained_weights
 from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["check_output", "run_evaluate"]
+__all__ = ["check_output", "load_stored_config", "run_evaluate", "untrusted_parts"]
 
 
 def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: bool = True) -> dict[str, Any]:
-    """``sss validate|test CONFIG --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json."""
+    """``sss validate|test [CONFIG] --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json."""
     parts = build_parts(cfg)  # classes and modalities, as at training time
     state, datamodule, module = parts.state, parts.datamodule, parts.module
     path = _output_path(cfg, ckpt, split, output) if state.is_main_process else None
@@ -78,3 +81,103 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [_json_safe(v) for v in value]
     return value
+
+
+def load_stored_config(
+    ckpt: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    trust_code: bool = False,
+    command: str = "validate",
+) -> SSSConfig:
+    """The config `ckpt` was trained with, `overrides` merged over it (``sss validate --ckpt PATH [key=value ...]``).
+
+    A training checkpoint keeps its run's config in ``trainer_state.json`` (``"config"``), a model
+    folder in ``config.yaml`` (local absolute paths written as null: give them back as overrides,
+    e.g. ``data.root=...``). Either is data someone may have handed you, so every ``_target_`` the
+    command would build (``model:``, ``data:``) must be sss's own (`untrusted_parts`), unless
+    `trust_code`; otherwise `UntrustedCodeError` is raised before anything it names is imported.
+
+    Example:
+        >>> import tempfile
+        >>> from sss.config import SSSConfig
+        >>> from sss.model_folder import export_model
+        >>> from sss.testing import BoringModule
+        >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.testing.BoringModule"})
+        >>> folder = export_model(BoringModule(), cfg, {}, tempfile.mkdtemp() + "/m")
+        >>> load_stored_config(folder, ["trainer.seed=3"]).trainer.seed
+        3
+    """
+    path = Path(ckpt)
+    if (path / MARKER).is_file():
+        source = path / MARKER
+        try:
+            stored = json.loads(source.read_text()).get("config")
+        except (ValueError, AttributeError) as exc:
+            raise ConfigError(f"{source}: not a readable checkpoint record ({exc})") from None
+        if not isinstance(stored, dict) or not stored:
+            raise ConfigError(
+                f"{source} holds no run config: give the config it was trained with: sss {command} CONFIG --ckpt {ckpt}"
+            )
+        cfg = load_config(source, overrides, stored=stored)
+    elif (path / "config.yaml").is_file():
+        source = path / "config.yaml"
+        cfg = load_config(source, overrides)
+    else:
+        raise FileNotFoundError(
+            f"{path} is neither an sss checkpoint ({MARKER}) nor a model folder (config.yaml): pass one of them to "
+            f"--ckpt, or give the config yourself: sss {command} CONFIG --ckpt PATH"
+        )
+    found = untrusted_parts(cfg)
+    if found and not trust_code:
+        error = UntrustedCodeError(source, found)
+        # The allowlist's message speaks of sss predict; say what this command takes.
+        error.args = (
+            f"{error} For sss {command}: add --trust-code, or give the config yourself (a config you pass is "
+            f"trusted, as for sss fit): sss {command} CONFIG --ckpt {ckpt}",
+        )
+        raise error
+    return cfg
+
+
+def untrusted_parts(cfg: SSSConfig) -> list[tuple[str, Any]]:
+    """The ``_target_`` entries of a stored config that evaluating or exporting it would run but sss does not ship.
+
+    The parts that get built (``model:``, ``data:``, at any depth) must be in the model folder
+    allowlist (`sss.models.registry.trusted_targets`) or be one of sss's own data modules; those
+    that `sss.config.check_config` only imports to check their arguments (optimizer, scheduler,
+    callbacks) must come from sss or torch, whose import runs nothing new. Imports none of them.
+
+    Example:
+        >>> from sss.config import load_config
+        >>> cfg = load_config(None, ["model._target_=evil.Model", "data._target_=sss.data.IndustrialDataModule"])
+        >>> untrusted_parts(cfg)
+        [('model._target_', 'evil.Model')]
+    """
+    from sss.models.registry import trusted_targets
+
+    built = trusted_targets() | _sss_data_modules()
+    found = []
+    for key, name in config_targets(cfg):
+        section = key.split(".")[0].split("[")[0]
+        if section in ("model", "data"):
+            ok = isinstance(name, str) and name in built
+        else:
+            ok = isinstance(name, str) and name.split(".")[0] in ("sss", "torch")
+        if not ok:
+            found.append((key, name))
+    return found
+
+
+def _sss_data_modules() -> frozenset[str]:
+    # sss's own data modules, under their sss.data name and their defining module's (as trusted_targets names models).
+    import inspect
+
+    import sss.data as family
+    from sss.data.datamodule import DataModule
+    from sss.testing import BoringDataModule
+
+    own = [getattr(family, name) for name in family.__all__]
+    own = [c for c in own if inspect.isclass(c) and issubclass(c, DataModule)]
+    names = {f"sss.data.{c.__name__}" for c in own}
+    return frozenset(names | {f"{c.__module__}.{c.__qualname__}" for c in [*own, BoringDataModule]})

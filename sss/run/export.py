@@ -14,7 +14,10 @@ __all__ = ["export_checkpoint"]
 
 
 def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the model folder of a training checkpoint (``sss export CONFIG --ckpt PATH OUT``).
+    """Write the model folder of a training checkpoint (``sss export [CONFIG] OUT --ckpt PATH``).
+
+    `cfg` is the config it was trained with: the one given, or ``load_stored_config(checkpoint)``
+    (`sss.run.evaluate.load_stored_config`), the one the checkpoint keeps.
 
     The weights come from the checkpoint's ``model.safetensors``; the metrics for the model card
     from its ``trainer_state.json``. An existing non-empty `out` is refused, never overwritten.

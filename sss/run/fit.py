@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from sss import __version__
 from sss.callbacks.base import Callback
 from sss.callbacks.hub import HubPush
 from sss.callbacks.plots import Plots
@@ -50,6 +53,8 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
 
 def _fit_holding_the_folder(cfg: SSSConfig, resume: str | None, state: Any, wall_start: float) -> dict[str, Any]:
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume, state)
+    if ckpt is not None:
+        _refuse_finished_run(Path(cfg.trainer.output_dir), ckpt, cfg)
     parts = build_parts(cfg)
     datamodule, module = parts.datamodule, parts.module
     if parts.from_data and state.is_main_process:
@@ -63,28 +68,22 @@ def _fit_holding_the_folder(cfg: SSSConfig, resume: str | None, state: Any, wall
         out.mkdir(parents=True, exist_ok=True)
         _write_config(out, cfg, ckpt)
         print(f"sss: run {cfg.name!r} -> {out}" + (f" (resuming {ckpt})" if ckpt else ""), flush=True)
-    fit_start = time.perf_counter()
     push_failed = _fit(trainer, module, datamodule, ckpt)
-    fit_seconds = time.perf_counter() - fit_start - final.seconds
     results: dict[str, Any] = dict(trainer.state.metrics)
     evaluation = final.result
+    record = _run_record(trainer, final, ckpt)  # what ran, in this process and since step 0; the model card's too
     model_dir = out / "model"
     # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
     full = trainer.accelerator.get_state_dict(trainer.model)
     if state.is_main_process:
         weights = {k.removeprefix("module."): v for k, v in full.items()}
-        export_model(module, cfg, results, model_dir, datamodule, state_dict=weights)
-    results.update(
-        wall_seconds=round(time.perf_counter() - wall_start, 2),
-        train_samples_per_second=round(trainer.state.samples / max(fit_seconds, 1e-9), 1),
-        global_step=trainer.state.global_step,
-        skipped_steps=trainer.state.skipped_steps,
-        checkpoint_dir=trainer.state.last_checkpoint,
-        model_dir=str(model_dir),
-    )
+        export_model(module, cfg, {**results, **record}, model_dir, datamodule, state_dict=weights)
+    results.update(wall_seconds=round(time.perf_counter() - wall_start, 2), **record)
+    results.update(checkpoint_dir=trainer.state.last_checkpoint, model_dir=str(model_dir))
     plots = next((c.files for c in trainer.callbacks if isinstance(c, Plots)), [])
     results.update({f"plot/{p.stem}": str(p) for p in plots})  # one row each in the summary table
     if state.is_main_process:
+        _keep_earlier_results(out / "results.json", ckpt)
         (out / "results.json").write_text(json.dumps(results, indent=2))
         if evaluation is not None:
             print_evaluation(evaluation, f"sss fit {cfg.name}: validation, fused and per modality")
@@ -111,6 +110,93 @@ def _fit(trainer: SSSTrainer, module: Any, datamodule: Any, ckpt: Path | None) -
     return None
 
 
+def _refuse_finished_run(out: Path, ckpt: Path, cfg: SSSConfig) -> None:
+    # A resume that would train nothing (the checkpoint is at max_steps / max_epochs) of a run whose
+    # results exist would only rewrite them from a zero-step segment: refused before anything is
+    # built or written. Without results.json (killed after its last save) the resume finishes the run.
+    results = out / "results.json"
+    if not results.is_file():
+        return
+    meta = json.loads((ckpt / "trainer_state.json").read_text())
+    t, reached, longer = cfg.trainer, [], []
+    if t.max_steps is not None and meta["global_step"] >= t.max_steps:
+        reached.append(f"trainer.max_steps={t.max_steps} reached at step {meta['global_step']}")
+        longer.append(f"trainer.max_steps={2 * t.max_steps}")
+    if t.max_epochs is not None and meta["resume_epoch"] >= t.max_epochs:
+        reached.append(f"trainer.max_epochs={t.max_epochs} completed")
+        longer.append(f"trainer.max_epochs={2 * t.max_epochs}")
+    if reached:
+        raise SystemExit(
+            f"error: --resume: {out} is a finished run: {ckpt} is at its end ({'; '.join(reached)}) and {results} "
+            "holds its results. Nothing was trained and no file was changed. To train longer, raise the limit "
+            f"when resuming (it may grow): sss fit CONFIG {' '.join(longer)} --resume"
+        )
+
+
+def _run_record(trainer: SSSTrainer, final: _FinalEvaluation, ckpt: Path | None) -> dict[str, Any]:
+    # Segment figures are this process's own (a resumed run counts from its checkpoint), totals run
+    # from step 0; train_samples_per_second is null when the segment trained nothing.
+    state, seconds = trainer.state, final.segment_seconds
+    samples = state.samples - final.start_samples
+    record: dict[str, Any] = {
+        "segment_seconds": round(seconds, 2),
+        "segment_samples": samples,
+        "segment_steps": state.global_step - final.start_step,
+        "train_samples_per_second": round(samples / max(seconds, 1e-9), 1) if samples else None,
+        "train_seconds_total": round(final.seconds_before + seconds, 2),
+        "samples_total": state.samples,
+        "global_step": state.global_step,
+        "epochs_completed": state.epoch,
+        "skipped_steps": state.skipped_steps,
+        "mixed_precision": trainer.accelerator.mixed_precision,
+        "num_processes": trainer.accelerator.num_processes,
+        "resumed_from": None if ckpt is None else str(ckpt),
+        "sss_version": __version__,
+    }
+    commit = _code_commit()
+    if commit is not None:
+        record["git_commit"] = commit
+    record["finished_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return record
+
+
+def _code_commit() -> str | None:
+    # The commit of the sss source that ran, with "-dirty" when its tracked files differ from it; None
+    # where sss is not a git checkout (an installed wheel; also a venv inside someone's repository,
+    # where the package files are untracked).
+    folder = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        if git("ls-files", "--error-unmatch", "__init__.py").returncode != 0:
+            return None
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("diff", "--quiet", "HEAD", "--", ".").returncode == 1
+    except (OSError, subprocess.SubprocessError):  # no git on this machine, or it hung
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def _keep_earlier_results(path: Path, ckpt: Path | None) -> None:
+    # A resume that trains a finished run longer replaces its results; the earlier ones stay beside them.
+    if ckpt is None or not path.is_file():
+        return
+    try:
+        step = int(json.loads(path.read_text()).get("global_step", 0))
+    except (ValueError, AttributeError):
+        step = 0
+    kept, n = path.with_name(f"results_step_{step:07d}.json"), 0
+    while kept.exists():
+        n += 1
+        kept = path.with_name(f"results_step_{step:07d}_{n}.json")
+    path.rename(kept)
+    print(f"sss: the results of the run's earlier end (step {step}) are kept in {kept}", flush=True)
+
+
 def _write_config(out: Path, cfg: SSSConfig, ckpt: Path | None) -> None:
     # The first config of a run stays as written; a resume that changed neutral fields (more
     # epochs, another log cadence) records its own next to it.
@@ -130,7 +216,9 @@ def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> tuple[str, co
     from accelerate.utils import broadcast_object_list
 
     chosen, default = cfg.trainer.output_dir, f"runs/{cfg.name}"
-    if chosen != default and resume is None and (Path(chosen) / "results.json").exists():
+    # Only a folder load_config filled in is numbered on: a trainer.output_dir written as runs/<name> is the user's.
+    numbered = chosen == default if cfg.output_dir_given is None else not cfg.output_dir_given
+    if not numbered and resume is None and (Path(chosen) / "results.json").exists():
         raise FileExistsError(
             f"trainer.output_dir {chosen} already holds a finished run (results.json): choose another folder, "
             "or leave trainer.output_dir unset for a fresh numbered runs/<name>_N"
@@ -139,7 +227,7 @@ def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> tuple[str, co
     lock: contextlib.AbstractContextManager = contextlib.nullcontext()
     if state.is_main_process:
         try:
-            outcome[0], lock = _claim(chosen, default, resume)
+            outcome[0], lock = _claim(chosen, default, resume) if numbered else (chosen, lock_folder(chosen))
         except FolderInUseError as exc:
             outcome[1] = str(exc)
     if state.num_processes > 1:
@@ -218,23 +306,48 @@ def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
 
 
 class _FinalEvaluation(Callback):
-    """At FIT_END, the validation split once more, fused and with each modality zeroed, into ``state.metrics``."""
+    """At FIT_END, the validation split once more, fused and with each modality zeroed, into ``state.metrics``.
+
+    It also times this process's training (FIT_START to FIT_END: the loop with its validations and
+    saves, not the set-up, the final evaluation or the export) and carries the training seconds of
+    the segments before it in the checkpoints (`state_dict`).
+    """
 
     def __init__(self, datamodule: Any) -> None:
-        self.datamodule, self.result, self.seconds = datamodule, None, 0.0
+        self.datamodule, self.result = datamodule, None
+        self.start, self.end, self.start_samples, self.start_step = 0.0, 0.0, 0, 0
+        self.seconds_before = 0.0  # training seconds of the earlier segments, from the resumed checkpoint
+
+    @property
+    def segment_seconds(self) -> float:
+        return (self.end or time.perf_counter()) - self.start
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_seconds": self.seconds_before + self.segment_seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seconds_before = float(state.get("train_seconds", 0.0))
+
+    def on_fit_start(self, trainer: SSSTrainer, module: Any) -> None:
+        # After load_checkpoint: a resumed segment counts from its checkpoint's samples and step.
+        self.start, self.end = time.perf_counter(), 0.0
+        self.start_samples, self.start_step = trainer.state.samples, trainer.state.global_step
 
     def on_fit_end(self, trainer: SSSTrainer, module: Any) -> None:
-        if not hasattr(self.datamodule, "val_dataloader") or not trainer.state.eval_metrics:
+        self.end = time.perf_counter()
+        # No validation in this segment, but the run validated before (its checkpoint's metrics): a
+        # resume at the run's end that only finishes it (its results were never written) evaluates afresh.
+        reuse = bool(trainer.state.eval_metrics)
+        validated = any(k.startswith("val/") for k in trainer.state.metrics)
+        if not hasattr(self.datamodule, "val_dataloader") or not (reuse or validated):
             return
-        start = time.perf_counter()
-        self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=True)
+        self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=reuse)
         # The ablation passes' full metric sets stay in self.result; the run's metrics (results.json,
         # model card, Hub push) get the per-modality headline figures and the fusion gain.
         ablated = {k for k in trainer.state.metrics if k.startswith(("val_image_only/", "val_audio_only/"))}
         for key in ablated:
             del trainer.state.metrics[key]
         trainer.state.metrics.update(flat_results(self.result))
-        self.seconds = time.perf_counter() - start
 
 
 def _print_results(name: str, results: dict[str, Any], path: Path) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,11 @@ __all__ = [
     "accelerate_config",
     "apply_launch_settings",
     "launch_command",
+    "launcher_argv",
     "launcher_flags",
     "relaunch",
     "resolve_launch",
+    "single_process_launch",
 ]
 
 # sss setting -> (its sss config key, or None when the YAML has none; its key in Accelerate's config file)
@@ -136,6 +140,109 @@ def launcher_flags(file_values: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
+# Set by launchers that start a process group (torchrun, mpirun, notebook_launcher): this process is one of several.
+GROUP_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def single_process_launch(env: Mapping[str, str] | None = None, argv: list[str] | None = None) -> str | None:
+    """Why this process trains alone although the user's ``accelerate launch`` was asked for several; None if not.
+
+    Accelerate's launcher runs the script once, as a plain process, unless ``--multi_gpu`` (or a
+    multi-GPU config file, or more than one GPU found) selects torchrun: ``accelerate launch
+    --num_processes 2`` on a CPU machine, or with ``--cpu``, trains one process and says nothing.
+    The launcher exports ``ACCELERATE_MIXED_PRECISION`` to what it starts, and torchrun or mpirun
+    add the group's size (`GROUP_SIZE_VARIABLES`); the processes asked for are read from the
+    launcher's command line (`launcher_argv`: the parent process) and its Accelerate config file.
+    The answer names the command that starts them all.
+
+    Args:
+        env: The environment to judge (default ``os.environ``).
+        argv: The launcher's command line (default `launcher_argv`).
+
+    Example:
+        >>> env = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_PORT": "29500"}
+        >>> launcher = ["/venv/bin/accelerate", "launch", "--num_processes", "2", "-m", "sss", "fit", "x.yaml"]
+        >>> message = single_process_launch(env, launcher)
+        >>> message.split(":")[0]
+        'accelerate launch was asked for 2 processes but started this one alone'
+        >>> message.split("Run: ")[1].split(" (")[0]
+        'accelerate launch --multi_gpu --num_processes 2 -m sss fit x.yaml'
+        >>> single_process_launch({**env, "WORLD_SIZE": "2"}, launcher) is None  # torchrun started the group
+        True
+    """
+    env = os.environ if env is None else env
+    if "ACCELERATE_MIXED_PRECISION" not in env or any(name in env for name in GROUP_SIZE_VARIABLES):
+        return None  # not started by `accelerate launch`, or started as one of a group
+    tokens = _launch_arguments(launcher_argv() if argv is None else argv)
+    if tokens is None:
+        return None  # not known what was asked for: the parent is not Accelerate's launcher, or unreadable
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        args, _ = launch_command_parser().parse_known_args(tokens)
+    except (SystemExit, ValueError):
+        return None
+    processes = args.num_processes
+    if processes is None:
+        processes = accelerate_config(args.config_file)[0].get("num_processes", 1)
+    if int(processes) <= 1:
+        return None
+    flags = tokens[: tokens.index(args.training_script)] if args.training_script in tokens else []
+    kept = [t for t in flags if t not in ("--cpu", "--multi_gpu", "--multi-gpu")]
+    given = any(t.split("=")[0] in ("--num_processes", "--num-processes") for t in kept)
+    command = ["accelerate", "launch", "--multi_gpu", *([] if given else ["--num_processes", str(processes)]), *kept]
+    command += tokens[len(flags) :]
+    why = "with --cpu" if args.cpu else "without --multi_gpu, on a machine with fewer than two GPUs,"
+    alternative = ""
+    if args.module and args.training_script == "sss":
+        sss_args = [*args.training_script_args, "--num-processes", str(processes)]
+        alternative = f" (the same as: {shlex.join(['sss', *sss_args])})"
+    gpus = _cuda_devices()
+    where = (
+        f"; this machine has {gpus} GPU(s): add trainer.cpu=true to run the {processes} processes on the CPU"
+        if 0 < gpus < int(processes)
+        else "; without GPUs (or with trainer.cpu=true) the processes form a gloo group on the CPU"
+    )
+    return (
+        f"accelerate launch was asked for {processes} processes but started this one alone: {why} it runs the "
+        f"script once. Run: {shlex.join(command)}{alternative}{where}"
+    )
+
+
+def _cuda_devices() -> int:
+    # NVML's count: it leaves CUDA uninitialised (Accelerate's own check does the same).
+    import torch
+    from accelerate.utils import patch_environment
+
+    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launcher_argv() -> list[str] | None:
+    """The command line of the process that started this one (Linux ``/proc``); None where it cannot be read.
+
+    Example:
+        >>> isinstance(launcher_argv(), (list, type(None)))
+        True
+    """
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _launch_arguments(argv: list[str] | None) -> list[str] | None:
+    # `accelerate launch ARGS`, `accelerate-launch ARGS` or `python -m accelerate.commands.launch ARGS`: ARGS.
+    for i, token in enumerate(argv or []):
+        name = Path(token).name
+        if name == "accelerate-launch" or token == "accelerate.commands.launch":
+            return argv[i + 1 :]
+        if token == "launch" and i > 0 and Path(argv[i - 1]).name == "accelerate":
+            return argv[i + 1 :]
+    return None
+
+
 def apply_launch_settings(
     cfg: Any, sources: dict[str, str], flags: dict[str, Any], config_file: str | None, debug: bool
 ) -> int:
@@ -149,6 +256,9 @@ def apply_launch_settings(
 
     settings = []
     if os.environ.get("SSS_LAUNCH_RESOLVED") != "1":
+        problem = single_process_launch()
+        if problem is not None:
+            raise ConfigError(problem)
         file_values, file_name = accelerate_config(config_file)
         if "ACCELERATE_MIXED_PRECISION" in os.environ:  # started by the user's own `accelerate launch`
             flags = {**launcher_flags(file_values), **{k: v for k, v in flags.items() if v is not None}}

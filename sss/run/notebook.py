@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sss.config import ConfigError, SSSConfig, check_config, load_config, to_yaml
 
-__all__ = ["notebook_fit"]
+__all__ = ["launch_description", "notebook_fit"]
 
 
 def notebook_fit(
@@ -27,8 +28,9 @@ def notebook_fit(
     `config` is a YAML path, an `SSSConfig`, or a mapping shaped like the YAML; `overrides` are the
     CLI's ``key=value`` strings. With ``num_processes > 1`` Accelerate's ``notebook_launcher`` forks
     the processes (a gloo group on the CPU, one GPU each otherwise), so call it before any cell
-    touches the GPU. The results come from the main process, through a file, because the launcher
-    returns nothing.
+    touches the GPU; it prints which of the two it starts (`launch_description`), and asking for
+    more processes than there are GPUs is an error that says how to train on the CPU instead. The
+    results come from the main process, through a file, because the launcher returns nothing.
 
     Example:
         >>> notebook_fit({"model": {"_target_": "sss.testing.BoringModule"}}, overrides=["trainer.max_steps=1"])
@@ -87,11 +89,66 @@ def _launch(cfg: SSSConfig, resume: str | None, out: str, num_processes: int) ->
             "forked processes cannot use it. Restart the kernel and call notebook_fit before any cell uses the "
             "GPU, or train with num_processes=1."
         )
+    print(f"sss: notebook_fit: {launch_description(num_processes, cfg.trainer.cpu)}", flush=True)
     # notebook_launcher's default port (29500) may be taken by another run on this machine.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    notebook_launcher(_fit_and_report, (cfg, resume, out), num_processes=num_processes, use_port=port)
+    with _without_accelerates_device_line():
+        notebook_launcher(_fit_and_report, (cfg, resume, out), num_processes=num_processes, use_port=port)
+
+
+def launch_description(num_processes: int, cpu: bool = False) -> str:
+    """What `notebook_fit` starts for `num_processes`: a gloo group on the CPU, or one GPU each; never initialises CUDA.
+
+    The launched processes train on the CPU when `cpu` (``trainer.cpu``) is set or there is no GPU
+    (`sss.trainer.trainer.use_cpu`), else one CUDA device each: fewer GPUs than processes is a
+    `ValueError` that says how to train on the CPU instead.
+
+    Example:
+        >>> launch_description(2, cpu=True)
+        'launching 2 processes on the CPU: one gloo process group (trainer.cpu=true)'
+    """
+    import torch
+    from accelerate.utils import is_cuda_available, patch_environment
+    from accelerate.utils.environment import get_current_device_type
+
+    if cpu:
+        return f"launching {num_processes} processes on the CPU: one gloo process group (trainer.cpu=true)"
+    device, _ = get_current_device_type()  # Accelerate's answer when it finds nothing else is "cuda"
+    if device != "cuda":
+        return f"launching {num_processes} processes, one {device.upper()} device each"
+    if not is_cuda_available():  # NVML's check: CUDA stays uninitialised for the fork
+        return f"launching {num_processes} processes on the CPU: one gloo process group (no GPU here)"
+    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        gpus = torch.cuda.device_count()
+    if gpus < num_processes:
+        raise ValueError(
+            f"notebook_fit(num_processes={num_processes}) needs one GPU per process and this machine has {gpus}: "
+            f"use num_processes={gpus} or fewer, or add overrides=['trainer.cpu=true'] to train "
+            f"{num_processes} processes on the CPU"
+        )
+    return f"launching {num_processes} processes, one CUDA GPU each (of {gpus}): one nccl process group"
+
+
+@contextlib.contextmanager
+def _without_accelerates_device_line() -> Iterator[None]:
+    # notebook_launcher prints "Launching training on N CUDAs." whatever it launches (its device
+    # guess falls back to CUDA on a CPU-only machine); sss printed what it really starts. Its other
+    # lines pass: the name `print` in accelerate.launchers shadows the builtin while this runs.
+    import builtins
+
+    import accelerate.launchers as launchers
+
+    def quieter(*args: object, **kwargs: object) -> None:
+        if not (args and str(args[0]).startswith("Launching training on ")):
+            builtins.print(*args, **kwargs)
+
+    launchers.print = quieter
+    try:
+        yield
+    finally:
+        del launchers.print
 
 
 def _fit_and_report(cfg: SSSConfig, resume: str | None, out: str) -> None:

@@ -8,9 +8,20 @@ from pathlib import Path
 
 import torch
 
-from sss.model_folder import PREPROCESSING, SETTINGS, load_model
+from sss.config import ConfigError, instantiate, load_config
+from sss.model_folder import (
+    PREPROCESSING,
+    SETTINGS,
+    UntrustedCodeError,
+    load_model,
+    load_trained_weights,
+    untrusted_targets,
+)
 
 __all__ = ["predict"]
+
+INPUT_OVERRIDES = ("data.allow_outside_root", "data.on_error")
+"""The ``data.*`` overrides that apply to reading the input manifest; every ``model.*`` one rebuilds the model."""
 
 
 def predict(
@@ -20,12 +31,19 @@ def predict(
     batch_size: int = 32,
     device: str = "cpu",
     trust_code: bool = False,
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> Path:
     """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
 
     The model is built with `sss.load_model`: a folder whose config names code outside sss's
     registered models raises `sss.model_folder.UntrustedCodeError` before anything is imported,
-    unless `trust_code` (``sss predict --trust-code``).
+    unless `trust_code` (``sss predict --trust-code``). `overrides` (``key=value``) are merged over
+    the folder's ``config.yaml``: ``model.*`` ones rebuild the model with a changed setting (the
+    weights must still fit it; the allowlist applies to the result);
+    ``data.allow_outside_root=true`` accepts manifest paths that leave the manifest's folder, and
+    ``data.on_error=skip`` leaves out rows whose files do not read (no prediction row; they are
+    listed in ``<output stem>.skipped.csv``). Any other override changes nothing here and is
+    refused, naming it.
 
     `manifest` is a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns,
     paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
@@ -43,14 +61,23 @@ def predict(
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
     prep_file = model_dir / PREPROCESSING
     prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
-    module = load_model(model_dir, device, trust_code=trust_code)
+    module, reading = _model(model_dir, list(overrides), device, trust_code)
     settings = {key: prep[key] for key in SETTINGS if key in prep}
+    skip_log = output.with_name(f"{output.stem}.skipped.csv")
+    if reading.get("on_error") == "skip" and skip_log.exists():
+        raise FileExistsError(f"{skip_log} already exists (the rows data.on_error=skip leaves out go there); remove it")
     dataset = ManifestDataset(
-        manifest.parent, manifest.stem, classes=prep.get("classes"), require_label=False, **settings
+        manifest.parent,
+        manifest.stem,
+        classes=prep.get("classes"),
+        require_label=False,
+        skip_log=skip_log,
+        **settings,
+        **reading,
     )
     classes = prep.get("classes") or dataset.classes
     multilabel = prep.get("task") == "multilabel"
-    rows = []
+    rows: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -59,19 +86,48 @@ def predict(
                 raise RuntimeError(f"{type(module).__name__}.predict_step returned no class logits to write")
             probs = (logits.sigmoid() if multilabel else logits.softmax(-1)).float().cpu()
             for index, p in zip(batch["index"].tolist(), probs, strict=True):
-                rows.append((index, p))
+                rows.setdefault(index, p)  # a skipped row is served as the next good one: that one once
     names = classes or [str(k) for k in range(probs.shape[-1])]
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
-        for index, p in rows:
+        for index, p in rows.items():
             top = (
                 ";".join(c for c, q in zip(names, p, strict=True) if q > 0.5) if multilabel else names[int(p.argmax())]
             )
             inputs = [_relative(getattr(dataset, key), index, manifest.parent) for key in ("images", "audio")]
             writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
+    if skipped := dataset.skip_log.rows():
+        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
     return output
+
+
+def _model(model_dir: Path, overrides: list[str], device: str, trust_code: bool) -> tuple[torch.nn.Module, dict]:
+    # The module, and the ManifestDataset settings the overrides give. Without overrides, sss.load_model
+    # as it stands; the folder's own config never loosens how the input manifest is read.
+    if not overrides:
+        return load_model(model_dir, device, trust_code=trust_code), {}
+    source, sources = model_dir / "config.yaml", {}
+    cfg = load_config(source, overrides, sources)  # unknown keys, wrong types: named, with the closest key
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if key != "model" and not key.startswith("model.") and key not in INPUT_OVERRIDES:
+            raise ConfigError(
+                f"{source}: override {item!r}: sss predict reads only the --input manifest with this model folder; it "
+                "takes model.KEY=VALUE (rebuilds the model), data.allow_outside_root=true and data.on_error=skip"
+            )
+    given = [key for key in INPUT_OVERRIDES if sources.get(key) == "override"]  # not the folder's own value
+    reading = {key.split(".", 1)[1]: cfg.data[key.split(".", 1)[1]] for key in given}
+    if not any(item.split("=", 1)[0].split(".")[0] == "model" for item in overrides):
+        return load_model(model_dir, device, trust_code=trust_code), reading
+    if not trust_code and (found := untrusted_targets(cfg.model)):
+        raise UntrustedCodeError(source, found)
+    module = instantiate(cfg.model)
+    load_trained_weights(
+        module, model_dir, "A model.* override must keep the architecture the weights were trained with."
+    )
+    return module.to(device).eval(), reading
 
 
 def _relative(paths: list[str], index: int, root: Path) -> str:

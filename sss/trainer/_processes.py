@@ -13,6 +13,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from sss.warnings import use_short_format
+
 __all__ = ["destroy_group_at_exit", "tag_warnings_with_rank"]
 
 _registered = False
@@ -57,16 +59,19 @@ def tag_warnings_with_rank() -> None:
 
     N processes write to one terminal, so an untagged warning shows up N times or once with no
     way to tell whose it is. Non-main processes prefix ``warnings`` messages and ``logging``
-    records with ``[rank N] ``; the main process (rank 0) keeps its output as it is. An uncaught
+    records with ``[rank N] ``; the main process (rank 0) keeps its output as it is. On every
+    process, sss's own advice (`sss.warnings.SSSWarning`) prints as one line ``sss: warning: ...``
+    (`sss.warnings.use_short_format`), without a file path or source line. An uncaught
     exception's traceback starts with a ``[rank N]`` line on every rank, rank 0 included, since
     tracebacks of several ranks interleave. Reads ``RANK`` and ``WORLD_SIZE`` (set by torchrun,
-    ``accelerate launch`` and ``notebook_launcher``); a single process is left alone. Calling it
+    ``accelerate launch`` and ``notebook_launcher``); a single process is otherwise left alone. Calling it
     again changes nothing.
 
     Example:
         >>> tag_warnings_with_rank()  # one process (no WORLD_SIZE > 1): nothing to tag
     """
     global _tagged
+    use_short_format()  # sss's own advice as one line; below, the rank tag goes in front of it too
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if _tagged or world <= 1:
         return
@@ -81,6 +86,8 @@ def tag_warnings_with_rank() -> None:
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
         return prefix + format_warning(message, category, filename, lineno, line)
+
+    tagged_warning.sss_short = getattr(format_warning, "sss_short", False)  # type: ignore[attr-defined]
 
     # `formatwarning` (not `showwarning`) so that pytest, IPython and logging.captureWarnings, which
     # replace `showwarning`, still print the tag; the records of catch_warnings(record=True) stay untouched.

@@ -11,6 +11,7 @@ import torch
 from accelerate import Accelerator
 
 from sss.config import ConfigError, OptimConfig, TrainerConfig, instantiate, resolve_target
+from sss.config.schema import param_group_problems
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
@@ -20,6 +21,7 @@ __all__ = [
     "build_optimizer",
     "fast_dev_config",
     "resolve_precision",
+    "split_param_groups",
     "use_cpu",
     "with_overrides",
 ]
@@ -29,7 +31,9 @@ def use_cpu(requested: bool) -> bool:
     """Whether Accelerate must be told ``cpu=True``: asked for, or launched as several processes without an accelerator.
 
     Under a multi-process launch Accelerate forms a gloo group on the CPU only when told
-    ``cpu=True``; otherwise, finding no GPU, it silently runs N independent copies.
+    ``cpu=True``; otherwise, finding no GPU, it silently runs N independent copies. A launch is
+    what Accelerate itself counts as one: ``LOCAL_RANK`` set (torchrun), or a group size above 1
+    in ``WORLD_SIZE`` or MPI's ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``, ``MV2_COMM_WORLD_SIZE`` (mpirun).
 
     Example:
         >>> use_cpu(True)
@@ -39,7 +43,8 @@ def use_cpu(requested: bool) -> bool:
 
     if requested:
         return True
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
+    sizes = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    launched = any(int(os.environ.get(k, "1")) > 1 for k in sizes) or int(os.environ.get("LOCAL_RANK", "-1")) != -1
     probe = getattr(torch, "accelerator", None)
     has_accelerator = probe.is_available() if probe is not None else torch.cuda.is_available()
     return launched and not has_accelerator
@@ -135,7 +140,8 @@ def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:
 def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer of ``trainer.optim`` over ``module.parameter_groups(weight_decay)``, and its scheduler (or None).
 
-    The optimizer's ``weight_decay`` applies to the groups `LitModule.parameter_groups` decays. The
+    The optimizer's ``weight_decay`` applies to the groups `LitModule.parameter_groups` decays;
+    ``trainer.optim.param_groups`` splits those groups by parameter name (`split_param_groups`). The
     scheduler's ``_target_`` receives the optimizer and, when it accepts ``total_steps`` and the
     config does not set it, `total_steps`: the optimizer steps of the whole run.
 
@@ -148,7 +154,15 @@ def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> 
         ([0.1, 0.0], True)
     """
     spec = dict(optim.optimizer)
-    optimizer = instantiate(spec, module.parameter_groups(float(spec.get("weight_decay", 0.0))))
+    decay = float(spec.get("weight_decay", 0.0))
+    if optim.param_groups:
+        problems = param_group_problems(optim)  # torch would keep a misspelled group setting without a word
+        if problems:
+            raise ConfigError("\n".join(problems))
+        groups = split_param_groups(module, optim.param_groups, decay)
+    else:  # exactly parameter_groups' groups, as before param_groups existed: bitwise the same training
+        groups = module.parameter_groups(decay)
+    optimizer = instantiate(spec, groups)
     if optim.scheduler is None:
         return optimizer, None
     extra: dict[str, Any] = {}
@@ -156,3 +170,65 @@ def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> 
     if "total_steps" in inspect.signature(target).parameters and "total_steps" not in optim.scheduler:
         extra["total_steps"] = total_steps
     return optimizer, instantiate(dict(optim.scheduler), optimizer, **extra)
+
+
+def split_param_groups(module: LitModule, rules: list[dict[str, Any]], weight_decay: float) -> list[dict[str, Any]]:
+    """`module`'s optimizer groups split by ``trainer.optim.param_groups``: a parameter takes the first rule it matches.
+
+    A rule's ``params`` globs (`fnmatch`, case-sensitive) match parameter names
+    (``module.named_parameters()``); its other keys replace the optimizer's settings for those
+    parameters. Decay stays where `LitModule.parameter_groups` puts it: a rule's ``weight_decay``
+    goes to the weight matrices it matches, biases and norms keep none. Parameters that no rule
+    matches keep the optimizer's settings and come first, so ``train/lr`` stays the optimizer's
+    ``lr``. A rule that matches no trainable parameter (or only ones an earlier rule took) is an
+    error naming it. A setting given as null keeps the optimizer's.
+
+    Example:
+        >>> from sss.testing import BoringModule
+        >>> rules = [{"params": "image_encoder.*", "lr": 1e-4, "name": "image"}]
+        >>> groups = split_param_groups(BoringModule(), rules, weight_decay=0.1)
+        >>> [(len(g["params"]), g.get("lr"), g["weight_decay"], g.get("name")) for g in groups]
+        [(2, None, 0.1, None), (2, None, 0.0, None), (1, 0.0001, 0.1, 'image'), (1, 0.0001, 0.0, 'image')]
+    """
+    names = {id(p): n for n, p in module.named_parameters()}
+    trainable = [names[id(p)] for g in module.parameter_groups(weight_decay) for p in g["params"] if id(p) in names]
+    taken: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        globs = [rule["params"]] if isinstance(rule["params"], str) else list(rule["params"])
+        hits = [n for n in trainable if _matches(n, globs)]
+        for n in hits:
+            taken.setdefault(n, i)
+        if not any(taken[n] == i for n in hits):
+            raise ConfigError(_no_match(i, globs, hits, taken, trainable, module))
+    out: list[dict[str, Any]] = []
+    for index in (None, *range(len(rules))):  # the rest first, then each rule in the config's order
+        rule = {} if index is None else {k: v for k, v in rules[index].items() if k != "params" and v is not None}
+        decay = float(rule.pop("weight_decay", weight_decay))
+        for group in module.parameter_groups(decay):  # the module's own decay split, with this rule's decay
+            params = [p for p in group["params"] if taken.get(names.get(id(p), "")) == index]
+            if params:
+                out.append({**group, **rule, "params": params})
+    return out
+
+
+def _matches(name: str, globs: list[str]) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _no_match(i: int, globs: list[str], hits: list[str], taken: dict[str, int], names: list[str], module: Any) -> str:
+    key, pattern = f"trainer.optim.param_groups[{i}].params", ", ".join(repr(g) for g in globs)
+    if hits:
+        return (
+            f"{key}: {pattern} matches only parameters that param_groups[{taken[hits[0]]}] took already (the first "
+            "entry that matches a parameter wins): put the narrower pattern first"
+        )
+    if any(_matches(n, globs) for n, p in module.named_parameters() if not p.requires_grad):
+        return f"{key}: {pattern} matches only frozen parameters (requires_grad=False): the optimizer gets none"
+    parts = ", ".join(sorted({f"{n.split('.')[0]}." for n in names}))
+    example = names[0] if names else "-"
+    return (
+        f"{key}: {pattern} matches no parameter of {type(module).__name__}; its parameter names start with "
+        f"{parts} (e.g. {example}), and a glob matches the whole name: write 'image_encoder.*', not 'image_encoder'"
+    )

@@ -7,15 +7,18 @@ tested without a trainer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from sss.trainer._batches import batch_size
+from sss.trainer._logging import Logged, new_buffer
 
-__all__ = ["LitModule", "output_logits"]
+__all__ = ["LitModule", "WrappedModel", "output_logits"]
 
 Batch = dict[str, Any]
 
@@ -55,12 +58,89 @@ class LitModule(nn.Module):
     fusion_head: nn.Module | None
     metrics: list[str] | None = None
     """Metric names `compute_metrics` keeps (``*`` wildcards; the loss always); None: the task's defaults."""
+    modality_keys: Mapping[str, str] = MappingProxyType({"image": "image", "audio": "audio"})
+    """The batch key of each modality: what `forward` encodes, what the modality ablation zeroes and what
+    the model summary's dummy batch holds. Set e.g. ``{"image": "images", "audio": "wave"}`` for data
+    with other keys; a modality left out is not used."""
+    target_key: str | int | None = None
+    """The batch key of the clip target that `validation_outputs` scores; None: ``"label"`` (class indices)
+    or ``"labels"`` (multi-hot), as the data of `sss` names them. A key set here is read by its
+    content: integer class indices ``[B]`` or multi-hot floats shaped like the logits."""
 
     def __init__(self) -> None:
         super().__init__()
         self.image_encoder = None
         self.audio_encoder = None
         self.fusion_head = None
+        self._logged = new_buffer()  # what self.log appends; the trainer collects it
+
+    @property
+    def input_keys(self) -> tuple[str, ...] | None:
+        """The batch keys ``forward`` reads, of which the batch contract wants one (``docs/trainer.md``, Fail fast).
+
+        By default the values of `modality_keys`; set a tuple of your own, or None for a module that
+        takes another batch format (the contract is then not checked).
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> module = BoringModule()
+            >>> module.input_keys
+            ('image', 'audio')
+            >>> module.modality_keys = {"image": "frames", "audio": "wave"}
+            >>> module.input_keys
+            ('frames', 'wave')
+        """
+        if "_input_keys" in self.__dict__:
+            return self.__dict__["_input_keys"]
+        return tuple(self.modality_keys.values())
+
+    @input_keys.setter
+    def input_keys(self, keys: Sequence[str] | None) -> None:
+        self.__dict__["_input_keys"] = None if keys is None else tuple(keys)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: nn.Module,
+        loss_fn: Callable[[Any, Any], Tensor],
+        *,
+        inputs: Sequence[str | int] | str = ("image", "audio"),
+        target: str | int | None = "label",
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        modality_keys: Mapping[str, str | int] | None = None,
+    ) -> WrappedModel:
+        """A `LitModule` around a plain ``nn.Module`` that keeps its signature: the port of a plain loop.
+
+        The module's ``forward(batch)`` calls ``model(*[batch[k] for k in inputs])`` and its loss is
+        ``loss_fn(outputs, batch[target])``; see `WrappedModel` and ``docs/port.md``.
+
+        Args:
+            model: Your model, e.g. with ``forward(images, audio)``; its parameters are the module's.
+            loss_fn: ``loss_fn(outputs, target)``, e.g. ``F.cross_entropy``; a mean over the batch.
+            inputs: The batch keys passed to ``model``, in order; positions (ints) for tuple batches
+                (a ``TensorDataset``'s ``(images, audio, labels)``: ``inputs=(0, 1), target=2``).
+            target: The batch key of the target; None passes the whole batch to ``loss_fn``.
+            optimizer: Your optimizer over ``model.parameters()``; None: the trainer builds ``trainer.optim``.
+            scheduler: Your LR scheduler of `optimizer` (stepped once per optimizer step), or None.
+            modality_keys: The batch key of each modality for the ablation and the model summary; None:
+                with two inputs, the first is the image and the second the audio; else none.
+
+        Example:
+            >>> import torch.nn.functional as F
+            >>> class Net(nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.linear = nn.Linear(3 + 2, 4)
+            ...     def forward(self, images, audio):
+            ...         return self.linear(torch.cat([images, audio], dim=-1))
+            >>> module = LitModule.from_model(Net(), F.cross_entropy, inputs=("images", "audio"), target="labels")
+            >>> batch = {"images": torch.randn(2, 3), "audio": torch.randn(2, 2), "labels": torch.tensor([0, 3])}
+            >>> module.training_step(batch, 0).shape, dict(module.modality_keys)
+            (torch.Size([]), {'image': 'images', 'audio': 'audio'})
+        """
+        options = {"optimizer": optimizer, "scheduler": scheduler, "modality_keys": modality_keys}
+        return WrappedModel(model, loss_fn, inputs=inputs, target=target, **options)
 
     def forward(self, batch: Batch) -> Any:
         """Encode each modality present in the batch and fuse them.
@@ -71,8 +151,9 @@ class LitModule(nn.Module):
             raise NotImplementedError(
                 f"{type(self).__name__} sets no fusion_head: set self.fusion_head in __init__ or override forward()"
             )
-        image = batch.get("image")
-        audio = batch.get("audio")
+        keys = self.modality_keys
+        image = batch.get(keys["image"]) if "image" in keys else None
+        audio = batch.get(keys["audio"]) if "audio" in keys else None
         image_tokens = self.image_encoder(image) if self.image_encoder is not None and image is not None else None
         audio_tokens = self.audio_encoder(audio) if self.audio_encoder is not None and audio is not None else None
         return self.fusion_head(image_tokens, audio_tokens)
@@ -117,10 +198,11 @@ class LitModule(nn.Module):
         logits = output_logits(outputs)
         size = logits.shape[0] if logits is not None else batch_size(batch)
         result = {"loss": self.compute_loss(outputs, batch).detach().float().expand(size)}
-        if logits is not None and "label" in batch:
-            result.update(scores=logits.float(), preds=logits.argmax(dim=-1), target=batch["label"])
-        elif logits is not None and "labels" in batch:
-            result.update(scores=logits.float(), labels=batch["labels"])
+        kind, target = _clip_target(batch, self.target_key, logits)
+        if kind == "target":
+            result.update(scores=logits.float(), preds=logits.argmax(dim=-1), target=target)
+        elif kind == "labels":
+            result.update(scores=logits.float(), labels=target)
         return result
 
     def compute_metrics(self, outputs: dict[str, Tensor], classes: Sequence[str] | None = None) -> dict[str, float]:
@@ -150,6 +232,79 @@ class LitModule(nn.Module):
         names = list(classes) if classes else None
         return metrics | task_metrics(outputs, class_names=names, select=self.metrics)
 
+    def log(
+        self,
+        name: str,
+        value: Tensor | float,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        """Log a scalar from `training_step` or `validation_step` (or what they call); the trainer reports it.
+
+        The value is kept (as a tensor: no device sync) in a buffer on this module, which the trainer
+        collects after each step call; the module never sees the trainer. In `training_step` it is
+        named ``train/<name>``; per step (the default) its mean over the optimizer step's micro-batches
+        goes to the trackers at each logging step (``trainer.log.every_n_steps``), per epoch its mean
+        over the epoch's samples on all processes goes to ``trainer.state.metrics`` and the trackers
+        at the epoch's end; both: ``train/<name>_step`` and ``train/<name>_epoch``. In
+        `validation_step` it is a mean over the evaluation pass on all processes, named
+        ``val/<name>`` (``test/<name>``) beside the metrics of `compute_metrics`, where checkpoint
+        monitors and early stopping find it. Means are weighted by `batch_size`. See ``docs/trainer.md``.
+
+        Args:
+            name: The name, without the stage prefix (a leading ``train/``, ``val/`` is not doubled).
+            value: A number or a one-element tensor (detached here).
+            on_step: Report the value per optimizer step; None: True in training, False in validation.
+            on_epoch: Report its mean over the epoch; None: False in training (validation is per pass).
+            prog_bar: Also put the latest value in ``trainer.state.bar`` for the progress bar.
+            batch_size: The weight of the value in means; None: the size of the step's batch.
+
+        Example:
+            >>> from sss.testing import BoringModule, boring_loader
+            >>> class Logging(BoringModule):
+            ...     def training_step(self, batch, batch_idx):
+            ...         loss = super().training_step(batch, batch_idx)
+            ...         self.log("audio_rms", batch["audio"].pow(2).mean().sqrt(), on_epoch=True)
+            ...         return loss
+            >>> module = Logging()
+            >>> _ = module.training_step(next(iter(boring_loader(batch_size=4))), 0)
+            >>> [(entry.name, entry.on_epoch) for entry in module._logged]
+            [('audio_rms', True)]
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"self.log needs a name (a non-empty string), got {name!r}")
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}: "
+                    "log its mean (value.mean()) or one element"
+                )
+            value = value.detach().reshape(())
+        elif not isinstance(value, numbers.Real):
+            raise TypeError(f"self.log({name!r}, ...) takes a number or a one-element tensor, got {type(value)}")
+        if on_step is False and on_epoch is False:
+            raise ValueError(f"self.log({name!r}, ..., on_step=False, on_epoch=False) would report nothing")
+        buffer = self.__dict__.get("_logged")
+        if buffer is None:  # a subclass that set up its state without LitModule.__init__
+            buffer = self._logged = new_buffer()
+        buffer.append(Logged(name, value, on_step, on_epoch, prog_bar, batch_size))
+
+    def log_dict(self, values: Mapping[str, Tensor | float], **options: Any) -> None:
+        """`log` each ``name: value`` of `values` with the same options.
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> module = BoringModule()
+            >>> module.log_dict({"a": 1.0, "b": torch.tensor(2.0)}, on_epoch=True)
+            >>> [entry.name for entry in module._logged]
+            ['a', 'b']
+        """
+        for name, value in values.items():
+            self.log(name, value, **options)
+
     def predict_step(self, batch: Batch, batch_idx: int) -> Any:
         """Outputs for inference; default: `forward`."""
         return self(batch)
@@ -159,9 +314,18 @@ class LitModule(nn.Module):
 
         The trainer instantiates the config's optimizer over `parameter_groups` and its scheduler
         (with ``total_steps`` when the scheduler takes it), as torchtune instantiates
-        ``cfg.optimizer`` with the model's parameters. Override this only for what a config cannot
-        say (e.g. per-part learning rates); a scheduler returned here is stepped once per applied
-        optimizer step, like the config's.
+        ``cfg.optimizer`` with the model's parameters. Return a plain ``torch.optim`` optimizer (the
+        one of a loop you port) or ``(optimizer, scheduler)`` for what a config cannot say (e.g.
+        per-part learning rates); the trainer prepares it with Accelerate, and steps a scheduler
+        returned here once per applied optimizer step, like the config's.
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> class WithSGD(BoringModule):
+            ...     def configure_optimizers(self):
+            ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+            >>> type(WithSGD().configure_optimizers()).__name__
+            'SGD'
         """
         return None
 
@@ -198,6 +362,108 @@ class LitModule(nn.Module):
                         seen.add(id(p))
         groups["heads"] = [p for p in self.parameters() if p.requires_grad and id(p) not in seen]
         return groups
+
+
+class WrappedModel(LitModule):
+    """A plain ``nn.Module`` as a `LitModule`, its ``forward`` signature kept; made by `LitModule.from_model`.
+
+    ``forward(batch)`` is ``model(*[batch[k] for k in inputs])``, `compute_loss` is
+    ``loss_fn(outputs, batch[target])`` and `configure_optimizers` returns the given optimizer (and
+    scheduler). Evaluation scores the ``target`` key as `LitModule.target_key` says; the modality
+    ablation and the model summary use `modality_keys`. The model is the submodule ``model``, so
+    parameter names in checkpoints start with ``model.``. Its parameters all count as ``heads`` in
+    `LitModule.modality_groups` (it has no ``image_encoder`` / ``audio_encoder`` to split by).
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> module = WrappedModel(nn.Linear(4, 2), F.cross_entropy, inputs="x", target="y")
+        >>> module({"x": torch.zeros(3, 4)}).shape, dict(module.modality_keys)
+        (torch.Size([3, 2]), {})
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Any, Any], Tensor],
+        *,
+        inputs: Sequence[str | int] | str = ("image", "audio"),
+        target: str | int | None = "label",
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        modality_keys: Mapping[str, str | int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.inputs = (inputs,) if isinstance(inputs, (str, int)) else tuple(inputs)
+        self.target_key = target
+        if modality_keys is None:
+            modality_keys = dict(zip(("image", "audio"), self.inputs, strict=True)) if len(self.inputs) == 2 else {}
+        unknown = sorted(set(modality_keys) - {"image", "audio"})
+        if unknown:
+            raise ValueError(f"modality_keys names the modalities image and audio, got {unknown}")
+        self.modality_keys = dict(modality_keys)
+        self.modalities = tuple(m for m in ("image", "audio") if m in self.modality_keys)
+        if scheduler is not None and optimizer is None:
+            raise ValueError("from_model got a scheduler without its optimizer: pass optimizer= too")
+        self._optimizer, self._scheduler = optimizer, scheduler
+        self.input_keys = None  # a plain model's batches are its own format, not the sss batch contract's
+
+    def forward(self, batch: Batch) -> Any:
+        missing = [key for key in self.inputs if not _has(batch, key)]
+        if missing:
+            raise KeyError(
+                f"the batch has no {', '.join(map(repr, missing))} ({_keys_of(batch)}): "
+                f"from_model(inputs={self.inputs!r}) names the batch keys passed to the model, in order"
+            )
+        return self.model(*(batch[key] for key in self.inputs))
+
+    def compute_loss(self, outputs: Any, batch: Batch) -> Tensor:
+        if self.target_key is None:
+            return self.loss_fn(outputs, batch)
+        if not _has(batch, self.target_key):
+            raise KeyError(
+                f"the batch has no {self.target_key!r} ({_keys_of(batch)}): from_model(target=...) names the "
+                "batch key of the target"
+            )
+        return self.loss_fn(outputs, batch[self.target_key])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | tuple[torch.optim.Optimizer, Any] | None:
+        if self._optimizer is None:
+            return None
+        return (self._optimizer, self._scheduler) if self._scheduler is not None else self._optimizer
+
+
+def _has(batch: Any, key: Any) -> bool:
+    # A dict batch has named keys; a tuple batch (a TensorDataset's) has positions.
+    if isinstance(batch, Mapping):
+        return key in batch
+    return isinstance(batch, (list, tuple)) and isinstance(key, int) and -len(batch) <= key < len(batch)
+
+
+def _keys_of(batch: Any) -> str:
+    if isinstance(batch, Mapping):
+        return "it has " + ", ".join(map(repr, batch))
+    size = len(batch) if isinstance(batch, (list, tuple)) else 0
+    return f"it is a {type(batch).__name__} of {size}"
+
+
+def _clip_target(batch: Any, key: Any, logits: Tensor | None) -> tuple[str | None, Tensor | None]:
+    # ("target", class indices) or ("labels", multi-hot) for validation_outputs; (None, None) without one.
+    if logits is None:
+        return None, None
+    if key is None:
+        if _has(batch, "label"):
+            return "target", batch["label"]
+        return ("labels", batch["labels"]) if _has(batch, "labels") else (None, None)
+    value = batch[key] if _has(batch, key) else None
+    if not isinstance(value, Tensor):
+        return None, None
+    if value.is_floating_point() and value.shape == logits.shape:
+        return "labels", value
+    if not value.is_floating_point() and value.ndim == 1:
+        return "target", value
+    return None, None
 
 
 def output_logits(outputs: Any) -> Tensor | None:

@@ -45,15 +45,19 @@ class TrainState:
     lr: float = 0.0
     """Learning rate of the first parameter group after the latest step."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Latest value of every evaluation metric so far, e.g. ``{"val/accuracy": 0.97}``; equal on every process."""
+    """Latest value of every evaluation metric so far, e.g. ``{"val/accuracy": 0.97}``, and of every epoch value
+    the module logs (``self.log(..., on_epoch=True)``, e.g. ``train/audio_rms``); equal on every process."""
     eval_metrics: dict[str, float] = field(default_factory=dict)
     """The metrics of the latest evaluation pass only (what VALIDATION_END reports)."""
     eval_outputs: dict[str, Any] = field(default_factory=dict)
     """The gathered `validation_step` outputs of the latest evaluation pass (e.g. ``preds``, ``target``),
     padding duplicates dropped; what `compute_metrics` saw. Replaced by the next pass."""
     logs: dict[str, float] = field(default_factory=dict)
-    """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``); the
+    """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``), and the step
+    values the module logs (``self.log``), published at every ``trainer.log.every_n_steps``-th step; the
     metrics logger writes them at its next logging step and clears them."""
+    bar: dict[str, float] = field(default_factory=dict)
+    """Latest value of each name the module logged with ``self.log(..., prog_bar=True)``, for the progress bar."""
     skip_step: bool = False
     """Set by a callback at AFTER_BACKWARD to discard this window's gradients: no optimizer step,
     counted as skipped (e.g. a NaN loss under the ``skip`` policy). Reset by the trainer."""

@@ -26,6 +26,8 @@ from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss
+from sss.trainer._fail_fast import check_first_batch, sanity_validate
+from sss.trainer._logging import ModuleLogs, stamp
 from sss.trainer._oom import SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._setup import (
@@ -47,6 +49,7 @@ class _StepRouter(nn.Module):
 
     DDP syncs only gradients of work done inside its ``forward``, and Accelerate puts autocast
     on ``forward``: routing ``training_step`` through it gives both (Lightning wraps the same way).
+    It also stamps what the call logged with ``self.log`` with the call's step and batch size.
     """
 
     def __init__(self, module: LitModule) -> None:
@@ -54,7 +57,12 @@ class _StepRouter(nn.Module):
         self.module = module
 
     def forward(self, method: str, *args: Any) -> Any:
-        return getattr(self.module, method)(*args)
+        logged = self.module.__dict__.get("_logged")
+        start = len(logged) if logged is not None else 0
+        out = getattr(self.module, method)(*args)
+        if self.module.__dict__.get("_logged"):
+            stamp(self.module, method, batch_size(args[0]), start)
+        return out
 
 
 class SSSTrainer:
@@ -119,6 +127,7 @@ class SSSTrainer:
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
         self._run_batch: Any = self._forward_backward  # a SplittingRunner under trainer.auto_batch_size
+        self._logs = ModuleLogs()  # what the module logs with self.log, collected and reduced (sss/trainer/_logging.py)
 
     @property
     def output_dir(self) -> Path:
@@ -141,6 +150,8 @@ class SSSTrainer:
             if ckpt_path is not None:
                 self.load_checkpoint(ckpt_path)
             self._fire(Event.FIT_START)
+            if ckpt_path is None:  # validation_step and compute_metrics fail in seconds; skipped on resume
+                sanity_validate(self, val_loader)
             while not self._should_finish():
                 self._train_epoch(train_loader, val_loader)
             self._fire(Event.FIT_END)
@@ -159,6 +170,7 @@ class SSSTrainer:
         if hasattr(getattr(loader, "dataset", None), "set_epoch"):
             loader.dataset.set_epoch(state.epoch)  # so is a dataset's augmentation, when it offers that
         start, self._resume_batches = self._resume_batches, 0
+        self._logs.start_epoch(self.module)
         self._fire(Event.EPOCH_START)
         for batch_idx, batch in self._epoch_batches(loader, start):
             if self._resume_rng is not None:  # starting the loader mid-epoch drew from the RNG; undo that
@@ -173,6 +185,7 @@ class SSSTrainer:
         if self._resume_rng is not None:  # resumed after the epoch's last batch: nothing was left to run
             ckpt_io.set_rng_state(self._resume_rng)
             self._resume_rng = None
+        self._logs.end_epoch(self.module, state, self.accelerator)  # self.log(..., on_epoch=True) means
         last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
         ending = last_epoch or state.should_stop or self._max_steps_reached()
         due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
@@ -232,6 +245,7 @@ class SSSTrainer:
             if self.scheduler is not None:
                 self.scheduler.step()  # not prepared, so once per step on every process (Accelerate #2926)
         state.lr = self.optimizer.param_groups[0]["lr"]
+        self._logs.end_window(self.module, state, cfg.log.every_n_steps, replays=cfg.auto_batch_size)
         self._fire(Event.AFTER_OPTIMIZER_STEP)
         compat.zero_grad(self.optimizer)
         state.micro_step = 0
@@ -254,8 +268,10 @@ class SSSTrainer:
     ) -> dict[str, float]:
         """Evaluate on the validation data; metrics are named ``<prefix>/<name>``.
 
-        `zero` names a batch key (``"image"`` or ``"audio"``) to replace by zeros: the modality
-        ablation, which shows what the other modality achieves alone.
+        `zero` names a batch key (``"image"`` or ``"audio"``; the module's ``modality_keys`` say which
+        for other data) to replace by zeros: the modality ablation, which shows what the other
+        modality achieves alone. A key the batch lacks raises a KeyError rather than ablating nothing.
+        Values the module logs in ``validation_step`` (``self.log``) join the metrics as ``<prefix>/<name>``.
         """
         return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix, zero)
 
@@ -287,16 +303,18 @@ class SSSTrainer:
         self._fire(Event.VALIDATION_START)
         was_training = self.model.training
         self.model.eval()
+        self._logs.start_eval(self.module)
         chunks: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
             for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
-                if zero is not None and zero in batch:
-                    batch = {**batch, zero: torch.zeros_like(batch[zero])}
+                if zero is not None:
+                    batch = _zeroed(batch, zero)
                 outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
         joined = {key: torch.cat(values) for key, values in chunks.items()}
         metrics = {f"{prefix}/{k}": v for k, v in self._compute_metrics(joined).items()} if joined else {}
+        metrics = self._logs.end_eval(state, self.accelerator, prefix, metrics)  # self.log values: <prefix>/<name>
         state.metrics.update(metrics)
         state.eval_metrics = metrics
         state.eval_outputs = joined
@@ -308,11 +326,18 @@ class SSSTrainer:
     def _validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         accelerator = self.accelerator
         if accelerator.num_processes == 1 or not accelerator.gradient_state.end_of_dataloader:
-            return self.model("validation_step", batch, batch_idx)
+            outputs = self.model("validation_step", batch, batch_idx)
+            self._logs.fold_eval(self.module)
+            return outputs
         # A distributed sampler may have padded this last batch with repeated samples, which
         # gather_for_metrics drops by position: run it sample by sample, so that no batch-level
-        # value (the mean loss) mixes them into the samples kept.
-        parts = [self.model("validation_step", one, batch_idx) for one in split_batch(batch, batch_size(batch))]
+        # value (the mean loss) mixes them into the samples kept, and drop what the repeats logged.
+        size, remainder = batch_size(batch), accelerator.gradient_state.remainder
+        real = size if remainder <= 0 else min(max(remainder - accelerator.process_index * size, 0), size)
+        parts = []
+        for i, one in enumerate(split_batch(batch, size)):
+            parts.append(self.model("validation_step", one, batch_idx))
+            self._logs.fold_eval(self.module, drop=i >= real)
         return {key: torch.cat([torch.atleast_1d(part[key]) for part in parts]) for key in parts[0]}
 
     def _compute_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -462,6 +487,7 @@ class SSSTrainer:
         self._run_batch = self._forward_backward
         if self.config.auto_batch_size:
             self._run_batch = SplittingRunner(self.accelerator, self.model, module, self.optimizer, self.state)
+        check_first_batch(self)  # the batch contract (sss.data.contract), on the loop's first batch only
         return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
@@ -521,3 +547,16 @@ class SSSTrainer:
     def _fire(self, event: Event) -> None:
         for callback in self.callbacks:
             getattr(callback, event.value)(self, self.module)
+
+
+def _zeroed(batch: Any, key: Any) -> Any:
+    # The modality ablation: one input replaced by zeros. A key the batch lacks would silently ablate nothing.
+    if isinstance(batch, (list, tuple)) and isinstance(key, int) and -len(batch) <= key < len(batch):
+        return type(batch)(torch.zeros_like(v) if i == key % len(batch) else v for i, v in enumerate(batch))
+    if not isinstance(batch, dict) or key not in batch:
+        keys = ", ".join(map(repr, batch)) if isinstance(batch, dict) else f"a {type(batch).__name__}"
+        raise KeyError(
+            f"the modality ablation zeroes {key!r}, which the evaluation batch lacks ({keys}): set the module's "
+            "modality_keys to the batch key of each modality, e.g. {'image': 'images', 'audio': 'audio'}"
+        )
+    return {**batch, key: torch.zeros_like(batch[key])}

@@ -102,3 +102,32 @@ def test_every_fusion_and_audio_encoder_is_counted(fusion: str, audio_encoder: s
     model = create_model("hunter_tiny", fusion=fusion, audio_encoder=audio_encoder)
     rows = {r.branch: r for r in summarize(model, ModelSummary().dummy_batch(model))}
     assert all(rows[b].macs > 0 for b in ("image", "audio", "fusion")) and rows["heads"].macs == 0
+
+
+def test_a_module_with_other_batch_keys_is_measured_on_them() -> None:
+    class Renamed(BoringModule):
+        modality_keys = {"image": "frames", "audio": "wave"}  # noqa: RUF012
+
+    module = Renamed()
+    batch = ModelSummary(image_size=4, audio_samples=16).dummy_batch(module)
+    assert sorted(batch) == ["frames", "wave"]
+    rows = {r.branch: r for r in summarize(module, batch)}
+    assert (rows["image"].macs, rows["audio"].macs, rows["fusion"].macs) == (48 * 8, 16 * 8, 8 * 2)
+
+
+def test_a_module_without_branches_gets_a_total_row() -> None:
+    from torch import nn
+
+    from sss import LitModule
+
+    class Plain(LitModule):  # no image_encoder / audio_encoder / fusion_head: nothing to split by
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 2)
+
+        def forward(self, batch):
+            return self.net(batch["audio"].flatten(1))
+
+    rows = summarize(Plain(), {"audio": torch.zeros(1, 1, 16)})
+    assert [(r.branch, r.params, r.trainable, r.macs) for r in rows] == [("total", 34, 34, 32)]
+    assert [r.branch for r in summarize(Plain(), None)] == ["total"]

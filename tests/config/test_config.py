@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sss.cli import main
-from sss.config import ConfigError, SSSConfig, check_config, check_target, field_docs, load_config
+from sss.config import ConfigError, SSSConfig, check_config, check_target, field_docs, load_config, to_yaml
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("**/*.yaml"))
 
@@ -233,3 +233,50 @@ def test_trainer_seed_and_output_dir_are_checked():
         load_config(None, ["trainer.seed=-1"])
     with pytest.raises(ConfigError, match=r"trainer\.output_dir is empty"):
         load_config(None, ["trainer.output_dir=' '"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "suggestion"),
+    [
+        (["trainer.lr=1e-3"], "Did you mean trainer.optim.optimizer.lr?"),
+        (["trainer.batch_size=8"], "Did you mean data.batch_size?"),
+        (["max_steps=5"], "Did you mean trainer.max_steps?"),
+        (["trainer.num_workers=2"], "Did you mean data.num_workers?"),
+        (["trainer.max_stepz=3"], "Did you mean trainer.max_steps?"),  # a typo: the same section's key
+    ],
+)
+def test_an_unknown_key_names_the_closest_key_anywhere_in_the_config(overrides, suggestion):
+    with pytest.raises(ConfigError) as info:
+        load_config(Path(__file__).parents[2] / "examples" / "industrial.yaml", overrides)
+    assert str(info.value).endswith(suggestion), str(info.value)
+
+
+def test_an_unknown_key_in_the_yaml_file_gets_the_suggestion_too(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("trainer:\n  lr: 0.01\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml: trainer\.lr: .*Did you mean trainer\.optim\.optimizer\.lr\?$"):
+        load_config(path)
+
+
+def test_whether_output_dir_was_given_is_recorded(tmp_path):
+    sources: dict[str, str] = {}
+    default = load_config(None, ["name=demo"], sources)
+    assert default.trainer.output_dir == "runs/demo" and default.output_dir_given is False
+    assert "trainer.output_dir" not in sources
+    given = load_config(None, ["name=demo", "trainer.output_dir=runs/demo"], sources)
+    assert given.trainer.output_dir == "runs/demo" and given.output_dir_given is True
+    assert sources["trainer.output_dir"] == "override"
+    path = tmp_path / "exp.yaml"
+    path.write_text("trainer:\n  output_dir: null\n")
+    sources = {}
+    assert load_config(path, [], sources).output_dir_given is False and "trainer.output_dir" not in sources
+    assert SSSConfig().output_dir_given is None  # built in Python: unknown
+    assert "output_dir_given" not in to_yaml(given)  # not a YAML key
+
+
+def test_a_stored_config_loads_with_overrides_and_names_its_source():
+    stored = {"name": "old", "trainer": {"max_steps": 7, "seed": 1}, "model": {"_target_": "a.B"}}
+    cfg = load_config("runs/old/checkpoints/step_0000007/trainer_state.json", ["trainer.seed=2"], stored=stored)
+    assert (cfg.name, cfg.trainer.max_steps, cfg.trainer.seed, cfg.model) == ("old", 7, 2, {"_target_": "a.B"})
+    with pytest.raises(ConfigError, match=r"^ckpt/trainer_state\.json: trainer\.lr: .*optim\.optimizer\.lr\?$"):
+        load_config("ckpt/trainer_state.json", stored={"trainer": {"lr": 1}})

@@ -113,3 +113,31 @@ def test_after_evaluate_the_trainer_state_describes_the_fused_pass():
     result = evaluate(trainer, BoringModule(), dataloaders=boring_loader(n=12))
     assert set(result["ablation"]) == {"image_only", "audio_only"}
     assert trainer.state.eval_metrics == {f"val/{k}": v for k, v in result["metrics"].items()}
+
+
+def test_the_ablation_zeroes_the_batch_keys_the_module_names():
+    from torch.utils.data import DataLoader, default_collate
+
+    from sss import SSSTrainer
+    from sss.evaluation import evaluate
+    from sss.testing import BoringDataset, BoringModule
+
+    zeroed: list[tuple[bool, bool]] = []
+
+    class Renamed(BoringModule):
+        modality_keys = {"image": "frames", "audio": "wave"}  # noqa: RUF012
+
+        def forward(self, batch):
+            zeroed.append((bool(batch["frames"].abs().sum() == 0), bool(batch["wave"].abs().sum() == 0)))
+            return super().forward(batch)
+
+    def renamed(rows):
+        batch = default_collate(rows)
+        return {"frames": batch.pop("image"), "wave": batch.pop("audio"), **batch}
+
+    trainer = SSSTrainer(mixed_precision="no", log={"progress": False, "trackers": []})
+    loader = DataLoader(BoringDataset(12), batch_size=12, collate_fn=renamed)
+    result = evaluate(trainer, Renamed(), dataloaders=loader)
+    assert zeroed == [(False, True), (True, False), (False, False)]  # image only, audio only, fused
+    assert set(result["ablation"]) == {"image_only", "audio_only"}
+    assert result["ablation"]["image_only"] != result["metrics"] != result["ablation"]["audio_only"]
