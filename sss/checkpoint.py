@@ -72,6 +72,8 @@ _NEUTRAL = (
     "name",
     "callbacks",
     "trainer.output_dir",
+    "trainer.resume",
+    "trainer.rendezvous_timeout",
     "trainer.log.",
     "trainer.checkpoint.",
     "trainer.val_every_n_epochs",
@@ -486,12 +488,18 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         ...     print(line)
         trainer.max_steps: 10 in the checkpoint, 5 now (it may only grow)
         trainer.seed: 1 in the checkpoint, 2 now
+
+    A setting the checkpoint does not know (one added to sss since) is no difference while it is
+    left at its default, so checkpoints of an earlier version stay resumable.
     """
     old, new = _flatten(saved), _flatten(current)
+    defaults = _schema_defaults()
     problems = []
     for key in sorted(set(old) | set(new)):
         if _neutral(key):
             continue
+        if key not in old and key in defaults and new.get(key) == defaults[key]:
+            continue  # a setting added to sss after the checkpoint was written, left at its default
         a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
         if key in _MAY_GROW:
             if a is not None and (b is None or (isinstance(b, int) and b >= a)):
@@ -502,6 +510,14 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         elif a != b:
             problems.append(f"{key}: {a} in the checkpoint, {b} now")
     return problems
+
+
+def _schema_defaults() -> dict[str, Any]:
+    import dataclasses
+
+    from sss.config import SSSConfig
+
+    return _flatten(dataclasses.asdict(SSSConfig()))
 
 
 def _neutral(key: str) -> bool:

@@ -138,7 +138,8 @@ def predict(
     """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest.
 
     Overrides: model.KEY=VALUE rebuilds the folder's model with a changed setting (it must still fit
-    the weights); data.allow_outside_root=true accepts manifest paths outside the manifest's folder.
+    the weights); data.allow_outside_root=true accepts manifest paths outside the manifest's folder;
+    data.on_error=skip leaves out rows whose files do not read (listed in <output stem>.skipped.csv).
     """
     from sss.run.predict import predict as run_predict
 
@@ -305,7 +306,7 @@ USAGE = {
     "test": "sss test [CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]",
     "export": "sss export [CONFIG] OUT --ckpt PATH [key=value ...] [--trust-code]",
     "predict": "sss predict MODEL_DIR --input MANIFEST --output CSV [model.KEY=VALUE ...] "
-    "[data.allow_outside_root=true] [--trust-code]",
+    "[data.allow_outside_root=true] [data.on_error=skip] [--trust-code]",
 }
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\[\]-]*=")
@@ -335,10 +336,8 @@ def _load_checked(path: str, overrides: list[str], sources: dict[str, str] | Non
 
 def _checked(cfg: Any, where: str) -> Any:
     from sss.config import check_config
-    from sss.config.schema import param_group_problems
 
     errors = check_config(cfg)
-    errors = errors or param_group_problems(cfg.trainer.optim)  # imports the optimizer check_config accepted
     for error in errors:
         print(f"error: {where}: {error}", file=sys.stderr)
     return None if errors else cfg
@@ -396,14 +395,7 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
     )
     epilog = f"{overrides}\n\nconfig fields:\n{fields}{parts}"
     for name in ("fit", "check", "config"):
-        p = sub.add_parser(
-            name,
-            help=COMMANDS[name].__doc__,
-            description=COMMANDS[name].__doc__,
-            usage=USAGE[name],
-            epilog=epilog if name == "fit" else overrides,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        p = _sub(sub, name, epilog if name == "fit" else overrides)
         what = "YAML config file, e.g. examples/industrial.yaml" + (
             ", or a model folder (would loading it run code?)" if name == "check" else ""
         )
@@ -459,7 +451,9 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
 
 
 def _sub(sub: Any, name: str, epilog: str) -> argparse.ArgumentParser:
-    doc = COMMANDS[name].__doc__
+    import inspect
+
+    doc = inspect.cleandoc(COMMANDS[name].__doc__ or "")
     return sub.add_parser(
         name,
         help=doc.splitlines()[0],
@@ -476,7 +470,8 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="latest",
         default=None,
-        help="resume the latest complete checkpoint in OUTPUT_DIR, or the one at PATH",
+        help="resume the newest checkpoint in OUTPUT_DIR that verifies (an error when there is none), the one at "
+        "PATH, or with `--resume auto` that one or a fresh start when there is none (trainer.resume: auto)",
     )
     launch = p.add_argument_group(
         "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"

@@ -285,3 +285,13 @@ def test_rotation_after_a_fallback_keeps_the_checkpoints_it_just_saved(tmp_path)
     # the damaged step 4 lay beyond step 3: that rotation kept step 3, not the damaged one
     assert seen == [["step_0000002", "step_0000003", "step_0000004"], ["step_0000003", "step_0000004", "step_0000005"]]
     assert newest_verified(folder) == (folder / "step_0000005", [])
+
+
+def test_a_setting_added_since_the_checkpoint_is_no_difference_at_its_default():
+    from sss.checkpoint import config_differences
+
+    saved = {"trainer": {"seed": 1, "optim": {"optimizer": {"lr": 0.1}}}}
+    now = {"trainer": {"seed": 1, "optim": {"optimizer": {"lr": 0.1}, "param_groups": []}}}
+    assert config_differences(saved, now) == []
+    changed = {"trainer": {"seed": 1, "optim": {"optimizer": {"lr": 0.1}, "param_groups": [{"params": "a.*"}]}}}
+    assert config_differences(saved, changed)  # set to something else: a difference

@@ -13,7 +13,15 @@ from sss.config.constraints import Bound, Ge, Lt, NonNegativeInt, PositiveFloat,
 if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
 
-__all__ = ["check_config", "check_target", "config_targets", "find_targets", "instantiate", "resolve_target"]
+__all__ = [
+    "check_config",
+    "check_target",
+    "config_targets",
+    "find_targets",
+    "instantiate",
+    "param_group_problems",
+    "resolve_target",
+]
 
 # Arguments the framework passes when it builds a part, so a YAML spec may leave them out.
 RUNTIME_ARGS: dict[str, frozenset[str]] = {
@@ -335,6 +343,8 @@ def check_config(config: SSSConfig) -> list[str]:
     for i, spec in enumerate(config.callbacks):
         errors += check_target(spec, f"callbacks[{i}]")
     errors += _check_trackers(config.trainer.log.trackers)
+    if not errors:  # it imports the optimizer, which the checks above have just accepted
+        errors += param_group_problems(config.trainer.optim)
     return errors
 
 
@@ -348,3 +358,41 @@ def _check_trackers(names: list[str]) -> list[str]:
         for i, name in enumerate(names)
         if name not in known
     ]
+
+
+def param_group_problems(optim: Any) -> list[str]:
+    """Settings of ``trainer.optim.param_groups`` that the optimizer does not take, each naming its key.
+
+    torch keeps any key of a parameter group without a word, so a misspelled ``lrr`` would change
+    nothing; this imports the optimizer's ``_target_`` (call it after a model folder's trust check)
+    and compares the keys with its arguments.
+
+    Example:
+        >>> from sss.config import OptimConfig
+        >>> optim = OptimConfig(param_groups=[{"params": "image_encoder.*", "lrr": 1e-4}])
+        >>> param_group_problems(optim)  # doctest: +ELLIPSIS
+        ["trainer.optim.param_groups[0].lrr: not a setting of torch.optim.AdamW (did you mean 'lr'?); ..."]
+    """
+    from sss.config.schema import GROUP_KEYS
+
+    if not optim.param_groups:
+        return []
+    name = optim.optimizer.get("_target_")
+    try:
+        params = inspect.signature(resolve_target(name)).parameters
+    except (ImportError, TypeError, ValueError):
+        return []  # an optimizer that does not import is reported as such; one without a signature: no check
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    valid = [n for n, p in params.items() if n != "params" and p.kind is not p.VAR_POSITIONAL]
+    problems = []
+    for i, group in enumerate(optim.param_groups):
+        for key in group:
+            if key not in GROUP_KEYS and key not in valid:
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(
+                    f"trainer.optim.param_groups[{i}].{key}: not a setting of {name}{hint}; "
+                    f"a group may set: {', '.join(valid)} (and params, name)"
+                )
+    return problems

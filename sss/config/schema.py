@@ -22,7 +22,6 @@ __all__ = [
     "OptimConfig",
     "SSSConfig",
     "TrainerConfig",
-    "param_group_problems",
 ]
 
 PRECISIONS = ("auto", "no", "fp16", "bf16")
@@ -75,46 +74,6 @@ class OptimConfig:
 
 GROUP_KEYS = ("params", "name")
 """Keys of a ``trainer.optim.param_groups`` entry that are not optimizer settings: the globs, the group's name."""
-
-
-def param_group_problems(optim: OptimConfig) -> list[str]:
-    """Settings of ``trainer.optim.param_groups`` that the optimizer does not take, each naming its key.
-
-    torch keeps any key of a parameter group without a word, so a misspelled ``lrr`` would change
-    nothing; this imports the optimizer's ``_target_`` (call it after a model folder's trust check)
-    and compares the keys with its arguments.
-
-    Example:
-        >>> optim = OptimConfig(param_groups=[{"params": "image_encoder.*", "lrr": 1e-4}])
-        >>> param_group_problems(optim)  # doctest: +ELLIPSIS
-        ["trainer.optim.param_groups[0].lrr: not a setting of torch.optim.AdamW (did you mean 'lr'?); ..."]
-    """
-    import difflib
-    import inspect
-
-    from sss.config.instantiate import resolve_target
-
-    if not optim.param_groups:
-        return []
-    name = optim.optimizer.get("_target_")
-    try:
-        params = inspect.signature(resolve_target(name)).parameters
-    except (ImportError, TypeError, ValueError):
-        return []  # an optimizer that does not import is reported as such; one without a signature: no check
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return []
-    valid = [n for n, p in params.items() if n != "params" and p.kind is not p.VAR_POSITIONAL]
-    problems = []
-    for i, group in enumerate(optim.param_groups):
-        for key in group:
-            if key not in GROUP_KEYS and key not in valid:
-                close = difflib.get_close_matches(key, valid, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(
-                    f"trainer.optim.param_groups[{i}].{key}: not a setting of {name}{hint}; "
-                    f"a group may set: {', '.join(valid)} (and params, name)"
-                )
-    return problems
 
 
 @dataclass
@@ -197,12 +156,18 @@ class TrainerConfig:
     """Seed of model init, data order and augmentation."""
     output_dir: str | None = None
     """Where checkpoints, logs and the exported model go (null: runs/<config name>)."""
+    resume: str = "never"
+    """never | auto | PATH. auto: continue from the newest checkpoint in OUTPUT_DIR that verifies, or start fresh
+    when there is none (what a requeued cluster job runs); PATH: that checkpoint. ``sss fit --resume`` overrides it."""
     val_every_n_epochs: int = 1
     """Validate every N epochs, and always when training ends."""
     find_unused_parameters: bool = False
     """Allow parameters that get no gradient (DDP's find_unused_parameters); otherwise they are an error."""
     cpu: bool = False
     """Train on the CPU even when a GPU is present."""
+    rendezvous_timeout: float = 300
+    """Seconds every process of a launched run waits for all the others before anything is built; a missing one
+    ends the run with an error naming the ranks seen, instead of a hang (docs/distributed.md#on-a-cluster)."""
     limit_train_batches: int | None = None
     """Train on at most N batches per epoch (null: all); the epoch's last window still steps."""
     limit_val_batches: int | None = None
@@ -254,6 +219,14 @@ class TrainerConfig:
         require(
             self.output_dir is None or bool(self.output_dir.strip()),
             "trainer.output_dir is empty: name a folder, or leave it null for runs/<name>",
+        )
+        require(
+            bool(str(self.resume).strip()),
+            "trainer.resume is empty: never, auto, or the path of a checkpoint",
+        )
+        require(
+            self.rendezvous_timeout > 0,
+            f"trainer.rendezvous_timeout must be > 0 (seconds), got {self.rendezvous_timeout}",
         )
         for key in ("limit_train_batches", "limit_val_batches"):
             value = getattr(self, key)

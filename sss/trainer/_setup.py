@@ -11,7 +11,7 @@ import torch
 from accelerate import Accelerator
 
 from sss.config import ConfigError, OptimConfig, TrainerConfig, instantiate, resolve_target
-from sss.config.schema import param_group_problems
+from sss.config.instantiate import param_group_problems
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
