@@ -12,7 +12,8 @@ from sss.callbacks import EarlyStopping
 from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
-QUIET = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no"}
+# The tests count validations: no sanity pass before training.
+QUIET = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no", "sanity_val_batches": 0}
 
 
 class Scripted(BoringModule):

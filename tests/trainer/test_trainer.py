@@ -44,7 +44,7 @@ def test_max_epochs_and_val_every_n_epochs():
     )
     trainer.fit(Spy(), train_dataloaders=boring_loader(n=16), val_dataloaders=boring_loader(n=8))
     assert trainer.state.global_step == 10 and trainer.state.epoch == 5
-    assert seen == [1, 3, 4]  # every 2nd epoch, and always the last
+    assert seen == [0, 1, 3, 4]  # the sanity pass before training, every 2nd epoch, and always the last
 
 
 def test_training_learns_the_boring_task():
