@@ -204,8 +204,9 @@ def _model_card(
     used = metrics.get("mixed_precision")
     if "global_step" in metrics:
         ran = (
-            f"{metrics['global_step']} optimizer steps, {metrics.get('epochs_completed', '?')} epoch(s) completed, "
-            f"{metrics.get('skipped_steps', 0)} skipped steps"
+            f"{metrics['global_step']} optimizer steps, {metrics.get('epochs_completed', '?')} epoch(s) completed"
+            + (f" and {into} batch(es) of the next" if (into := metrics.get("batches_into_epoch")) else "")
+            + f", {metrics.get('skipped_steps', 0)} skipped steps"
             + (f", {metrics['samples_total']} samples" if "samples_total" in metrics else "")
             + (f" on {metrics['num_processes']} process(es)" if "num_processes" in metrics else "")
             + f" (limits: {limits} max)"
@@ -229,9 +230,11 @@ def _model_card(
         f"{params / 1e6:.2f} M parameters).\n\n"
         f"- task: {task}" + (f" over {list(classes)}" if classes else "") + "\n"
         f"- model: `{published['model']}`\n- data: `{published['data']}`\n"
-        f"- training: {ran}; {precision}, "
-        f"accumulation {t.gradient_accumulation_steps}, clip {t.max_grad_norm}, seed {t.seed}, "
-        f"optimizer `{t.optim.optimizer}`, scheduler `{t.optim.scheduler}`\n"
+        f"- training: {ran}; {precision}, accumulation {t.gradient_accumulation_steps}, "
+        + (f"clip {t.max_grad_norm}" if t.max_grad_norm is not None else "no gradient clipping")
+        + f", seed {t.seed}, optimizer `{t.optim.optimizer}`, "
+        + (f"scheduler `{t.optim.scheduler}`" if t.optim.scheduler is not None else "no LR scheduler")
+        + "\n"
         f"- sss {version}{commit}, {when}\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n\n"
         "Load it with `sss.load_model(folder)`; predict with `sss predict FOLDER --input manifest.csv "
@@ -322,12 +325,17 @@ def _load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], sourc
 def load_trained_weights(module: torch.nn.Module, path: str | Path, hint: str) -> None:
     """Load into `module` the weights of a training checkpoint folder or of a model folder (both safetensors).
 
-    Raises FileNotFoundError when `path` is neither, and RuntimeError naming the mismatch (with
-    `hint`) when the weights do not fit the module.
+    Raises FileNotFoundError when `path` is neither, `DamagedCheckpointError` naming the file when a
+    checkpoint folder does not verify against its manifest (as a resume would refuse it), and
+    RuntimeError naming the mismatch (with `hint`) when the weights do not fit the module.
     """
     from safetensors.torch import load_file
 
+    from sss.checkpoint import verify_checkpoint
+
     path = Path(path)
+    if (path / MARKER).is_file():
+        verify_checkpoint(path)  # sss export / validate / test read only what a resume would trust
     if not (path / WEIGHTS).is_file():
         raise FileNotFoundError(
             f"{path} holds no {WEIGHTS}: pass a checkpoint folder (OUTPUT_DIR/checkpoints/step_N, with {MARKER}) "

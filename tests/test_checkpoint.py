@@ -295,3 +295,16 @@ def test_a_setting_added_since_the_checkpoint_is_no_difference_at_its_default():
     assert config_differences(saved, now) == []
     changed = {"trainer": {"seed": 1, "optim": {"optimizer": {"lr": 0.1}, "param_groups": [{"params": "a.*"}]}}}
     assert config_differences(saved, changed)  # set to something else: a difference
+
+
+def test_export_and_validate_refuse_a_damaged_checkpoint_naming_the_file(tmp_path):
+    # What a resume refuses, sss export / validate / test refuse too (they read the weights the same way).
+    from sss.checkpoint import DamagedCheckpointError
+    from sss.model_folder import load_trained_weights
+
+    _first_run(tmp_path)
+    ckpt = complete_checkpoints(tmp_path / "checkpoints")[-1]
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-16])  # truncated
+    with pytest.raises(DamagedCheckpointError, match=r"model\.safetensors"):
+        load_trained_weights(BoringModule(), ckpt, "hint")
