@@ -478,6 +478,11 @@ class SSSTrainer:
         configured = module.configure_optimizers()  # None: trainer.optim over module.parameter_groups
         if configured is None:
             configured = build_optimizer(self.config.optim, module, self.total_steps)
+        elif self.config.optim.param_groups:
+            raise ConfigError(
+                f"trainer.optim.param_groups is set but {type(module).__name__}.configure_optimizers builds its own "
+                "optimizer, which would ignore it: remove one of the two"
+            )
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
         self.model, self.optimizer = self.accelerator.prepare(_StepRouter(module), optimizer)
         self.module = module

@@ -112,3 +112,15 @@ def test_a_tiny_backbone_lr_from_the_config_holds_the_backbone_while_the_rest_tr
     trainer.fit(module, train_dataloaders=boring_loader(n=32))
     moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in module.named_parameters()}
     assert moved["image_encoder.1.weight"] < 1e-9 and moved["audio_encoder.1.weight"] > 1e-3
+
+
+def test_param_groups_with_a_module_that_builds_its_own_optimizer_is_refused():
+    class Own(BoringModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = SSSTrainer(
+        max_steps=1, mixed_precision="no", optim={"param_groups": [{"params": "fusion_head.*", "lr": 1e-4}]}
+    )
+    with pytest.raises(ConfigError, match=r"param_groups is set but Own\.configure_optimizers builds its own"):
+        trainer.fit(Own(), train_dataloaders=boring_loader())
