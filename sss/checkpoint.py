@@ -50,6 +50,7 @@ __all__ = [
     "config_hash",
     "folder_holder",
     "get_rng_state",
+    "holds_run",
     "lock_folder",
     "newest_verified",
     "recover_leftovers",
@@ -745,3 +746,21 @@ def _describe(holder: dict[str, Any]) -> str:
         return "a process that has not written its name yet"
     text = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
     return text + (f" ({holder['command']})" if holder.get("command") else "")
+
+
+def holds_run(folder: str | Path) -> bool:
+    """Whether an output folder holds a run: its results, a complete checkpoint, or a live run's lock.
+
+    A fresh ``sss fit`` with the default ``runs/<name>`` moves on to ``runs/<name>_1`` while this is true.
+
+    Example:
+        >>> holds_run("/nonexistent")
+        False
+    """
+    folder = Path(folder)
+    return (
+        (folder / "results.json").exists()
+        or bool(complete_checkpoints(folder / "checkpoints"))
+        or folder_holder(folder) is not None
+        or folder_holder(folder / "checkpoints") is not None  # a Python fit's checkpoint callback
+    )

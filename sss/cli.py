@@ -224,15 +224,7 @@ def planned_output_dir(cfg: Any) -> tuple[str, str | None]:
     numbered = chosen == f"runs/{cfg.name}" if cfg.output_dir_given is None else not cfg.output_dir_given
     if not numbered or not Path(chosen).exists():  # nothing to look at: no need to import the checkpoint module
         return chosen, None
-    from sss.checkpoint import complete_checkpoints, folder_holder
-
-    def holds_run(folder: Path) -> bool:
-        return (
-            (folder / "results.json").exists()
-            or bool(complete_checkpoints(folder / "checkpoints"))
-            or folder_holder(folder) is not None
-            or folder_holder(folder / "checkpoints") is not None
-        )
+    from sss.checkpoint import holds_run
 
     default, n = chosen, 0
     while holds_run(Path(chosen)):

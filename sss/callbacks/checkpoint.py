@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from pathlib import Path
@@ -23,17 +24,36 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["ModelCheckpoint", "Preempted"]
+__all__ = ["REQUEUE_EXIT_CODE", "ModelCheckpoint", "Preempted"]
 
-_SIGNALS = ("SIGTERM", "SIGINT")
+# SIGUSR1 is what SLURM sends before a job's time limit (``#SBATCH --signal=USR1@120``): save, then ask for a requeue.
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+REQUEUE_EXIT_CODE = 128 + signal.SIGUSR1 if hasattr(signal, "SIGUSR1") else 138
+"""``sss fit``'s exit code after SIGUSR1 (138 on Linux: 128 + the signal, as for SIGTERM's 143): the checkpoint is
+saved, requeue the job (``examples/slurm/train.sbatch`` runs ``scontrol requeue`` on it) and ``--resume auto``
+continues from it."""
 
 
 class Preempted(Exception):
-    """Training stopped on SIGTERM/SIGINT after saving a checkpoint; the message says how to resume."""
+    """Training stopped on SIGTERM/SIGINT/SIGUSR1 after saving a checkpoint; the message says how to resume.
+
+    ``sss fit`` exits with 128 + `signum`; for SIGUSR1 that is `REQUEUE_EXIT_CODE` (`requeue` is true).
+
+    Example:
+        >>> import signal
+        >>> Preempted("stopped", signal.SIGUSR1).requeue, Preempted("stopped", signal.SIGTERM).requeue
+        (True, False)
+    """
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
+
+    @property
+    def requeue(self) -> bool:
+        """Whether the signal asked for a requeue (SIGUSR1: a cluster's warning before the time limit)."""
+        return 128 + self.signum == REQUEUE_EXIT_CODE
 
 
 class ModelCheckpoint(Callback):
@@ -51,8 +71,9 @@ class ModelCheckpoint(Callback):
     (``.sss.lock``, `sss.checkpoint.lock_folder`): a second fit on the same folder is refused.
 
     With `on_signal`, SIGTERM or SIGINT (preemption, Ctrl-C) lets the current optimizer step
-    finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once). With several
-    processes the stop is agreed through ``accelerator.check_trigger`` so all save the same step.
+    finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once); SIGUSR1 (a cluster's
+    warning before the time limit) does the same and asks for a requeue (`REQUEUE_EXIT_CODE`). With
+    several processes the stop is agreed through ``accelerator.check_trigger`` so all save the same step.
 
     Example:
         >>> ModelCheckpoint(every_n_steps=100, keep_last=2, keep_best=1, monitor="val/accuracy", mode="max").keep_best
@@ -117,12 +138,16 @@ class ModelCheckpoint(Callback):
             return
         if self.on_signal and self._stop_requested(trainer):
             self._save(trainer, replace=True)
-            name = signal.Signals(self._signal or signal.SIGTERM).name
-            raise Preempted(
-                f"stopped by {name} after step {state.global_step}; checkpoint saved to {state.last_checkpoint}. "
-                "Resume with: sss fit CONFIG --resume (the same config and overrides)",
-                int(self._signal or signal.SIGTERM),
-            )
+            signum = int(self._signal or signal.SIGTERM)
+            name = signal.Signals(signum).name
+            stopped = f"stopped by {name} after step {state.global_step}; checkpoint saved to {state.last_checkpoint}."
+            if 128 + signum == REQUEUE_EXIT_CODE:
+                raise Preempted(
+                    f"{stopped} Exit code {REQUEUE_EXIT_CODE} asks the job script to requeue the job; the requeued "
+                    "sss fit CONFIG --resume auto (the same config and overrides) continues from it",
+                    signum,
+                )
+            raise Preempted(f"{stopped} Resume with: sss fit CONFIG --resume (the same config and overrides)", signum)
         at_step = not state.step_was_skipped  # an optimizer step was just applied
         if self.every_n_steps and at_step and state.global_step % self.every_n_steps == 0:
             self._save(trainer)
@@ -195,17 +220,24 @@ class ModelCheckpoint(Callback):
         if threading.current_thread() is not threading.main_thread():
             return  # Python allows signal handlers in the main thread only
 
+        owner = os.getpid()
+
         def handler(signum: int, frame: Any) -> None:
+            if os.getpid() != owner:
+                return  # a forked DataLoader worker inherited this handler: the training process decides
             if self._signal is not None and signum == signal.SIGINT:
                 self._restore_handlers()
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            if self._signal is not None:
+                return  # already stopping; a cluster may deliver one signal twice (to every process, and forwarded)
             self._signal = signum
             trainer.accelerator.set_trigger()
             print(f"sss: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
 
         for name in _SIGNALS:
-            signum = getattr(signal, name)
-            self._previous_handlers[signum] = signal.signal(signum, handler)
+            signum = getattr(signal, name, None)
+            if signum is not None:  # Windows has no SIGUSR1
+                self._previous_handlers[signum] = signal.signal(signum, handler)
 
     def _restore_handlers(self) -> None:
         for signum, previous in self._previous_handlers.items():

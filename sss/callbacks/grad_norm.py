@@ -43,7 +43,7 @@ class GradNormMonitor(Callback):
     (learning rate too small); the norm reaches ``trainer.max_grad_norm`` or the update ratio exceeds
     `max_update_ratio` (too large); image or audio gets under `min_share` of the two modalities' norm
     (imbalance). The learning-rate checks wait for a warm-up to end: while the schedule still raises
-    the learning rate (below the optimizer's own ``lr``, or rising, and it has not fallen yet) they
+    the learning rate (below the optimizer's own ``lr``, and it has not fallen yet) they
     do not count, since a small LR, or the large first updates of an adaptive optimizer, are what a
     warm-up is for. Warnings are `sss.warnings.SSSWarning`, printed as one ``sss: warning: ...`` line.
     With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
@@ -84,7 +84,6 @@ class GradNormMonitor(Callback):
         self._before: list[torch.Tensor] | None = None
         self._last_ratio = math.inf
         self._lr_seen: float | None = None
-        self._lr_rose = False
         self._lr_fell = False
         self._batch: Any = None
         self._hook: Any = None
@@ -92,7 +91,7 @@ class GradNormMonitor(Callback):
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._streaks.clear()
         self._last_ratio = math.inf
-        self._lr_seen, self._lr_rose, self._lr_fell = None, False, False
+        self._lr_seen, self._lr_fell = None, False
         if self.ogm_ge and self._hook is None:
             # OGM-GE scores each modality on the batch; the loop does not hand batches to callbacks,
             # so keep a reference to the latest one the module saw (no copy).
@@ -141,18 +140,15 @@ class GradNormMonitor(Callback):
         )
 
     def _follow_lr(self, trainer: SSSTrainer) -> None:
-        # Every optimizer step (a float read, no sync): whether the schedule has raised or lowered the LR yet.
+        # Every optimizer step (a float read, no sync): whether the schedule has lowered the LR yet.
         lr = _current_lr(trainer)
-        if lr is None:
-            return
-        if self._lr_seen is not None:
-            self._lr_rose = lr > self._lr_seen * (1 + 1e-9)
-            self._lr_fell = self._lr_fell or lr < self._lr_seen * (1 - 1e-9)
-        self._lr_seen = lr
+        if lr is not None and self._lr_seen is not None and lr < self._lr_seen * (1 - 1e-9):
+            self._lr_fell = True
+        self._lr_seen = lr if lr is not None else self._lr_seen
 
     def warming_up(self, trainer: SSSTrainer) -> bool:
-        """Whether the LR schedule is still in its warm-up: the learning rate has not fallen yet and is
-        under the optimizer's own ``lr`` (``initial_lr``, which every torch scheduler records) or still rising.
+        """Whether the LR schedule is still in its warm-up: the learning rate has not fallen yet and is under
+        its peak, the optimizer's own ``lr`` (``initial_lr``, which torch schedulers record; OneCycleLR's ``max_lr``).
 
         Example:
             >>> from sss import SSSTrainer
@@ -170,8 +166,9 @@ class GradNormMonitor(Callback):
         lr = _current_lr(trainer)
         if lr is None or self._lr_fell:
             return False
-        base = trainer.optimizer.param_groups[0].get("initial_lr")
-        return self._lr_rose or (base is not None and lr < base * (1 - 1e-6))
+        group = trainer.optimizer.param_groups[0]
+        peak = group.get("max_lr", group.get("initial_lr"))
+        return peak is not None and lr < peak * (1 - 1e-6)
 
     def _measure(self, trainer: SSSTrainer, module: LitModule) -> None:
         groups = module.modality_groups()

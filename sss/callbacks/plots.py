@@ -65,6 +65,8 @@ FAMILIES = (
 )
 """The panels of ``metrics.png``, in order; a metric that none holds gets a panel of its own."""
 
+MARKERS = "osD^v<>ph*"
+
 NOT_PLOTTED = ("train/epoch", "train/skipped_steps")  # a step counter, and what train/overflow/skipped shows
 
 
@@ -121,7 +123,7 @@ class Plots(Callback):
 
     * ``metrics.png``: one panel per metric family (`FAMILIES`: loss, validation metrics in [0, 1],
       learning rate, gradient norm, throughput, memory, ...), x the optimizer step, y the family's
-      name and unit, a legend beside the panel (none for one series). Training figures every
+      name and unit, a legend beside the panel (for one series, the title names it). Training figures every
       `every_n_steps` steps (the loss, the LR, and what health callbacks listed *before* this one
       published in ``state.logs``); validation figures at each fused validation. Per-class metrics
       (``val/f1/<class>``) are left to the trackers.
@@ -148,7 +150,7 @@ class Plots(Callback):
         >>> _ = trainer.fit(BoringModule(), train_dataloaders=boring_loader(), val_dataloaders=boring_loader(n=16))
         sss: plots in ...: metrics.png, confusion_matrix.png
         >>> [ax.get_title() for ax in plots.figures["metrics"].axes]
-        ['loss', 'validation metrics', 'learning rate', 'gradient norm']
+        ['loss', 'validation metrics', 'learning rate: train/lr', 'gradient norm: train/grad_norm']
     """
 
     def __init__(self, every_n_steps: int | None = None, dpi: int = 100) -> None:
@@ -253,7 +255,7 @@ class Plots(Callback):
             >>> plots.passes = {"val": EvalPass("val", 2, torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]))}
             >>> figures = plots.build(classes=["ok", "fault"])
             >>> [(ax.get_title(), ax.get_ylabel()) for ax in figures["metrics"].axes]
-            [('loss', 'loss'), ('learning rate', 'learning rate')]
+            [('loss: train/loss', 'loss'), ('learning rate: train/lr', 'learning rate')]
             >>> [t.get_text() for t in figures["confusion_matrix"].axes[0].get_xticklabels()]
             ['ok', 'fault']
         """
@@ -318,15 +320,21 @@ def _panels(series: Series) -> list[tuple[Family, Series]]:
 
 def _curves(panels: list[tuple[Family, Series]]) -> Figure:
     fig = _figure(9.0, 0.6 + 2.4 * len(panels))
-    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    # One step axis for all panels, so that a spike in one lines up with the others; each keeps its tick labels.
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
     for ax, (fam, series) in zip(axes, panels, strict=True):
-        for name, points in series.items():
+        for i, (name, points) in enumerate(series.items()):
             steps, values = zip(*sorted(points), strict=True)
-            few = len(points) < 30 or name.startswith("val")  # validation points are few and far between
-            ax.plot(steps, values, marker="o" if few else None, markersize=3, label=name)
+            val = name.startswith("val")
+            few = len(points) < 30 or val  # validation points are few and far between
+            marker = MARKERS[i % len(MARKERS)] if few else None
+            size = max(6.0 - 1.5 * i, 2.5)  # each smaller than the one before: equal series show as nested markers
+            ax.plot(steps, values, marker=marker, markersize=size, linestyle="--" if val else "-", label=name)
+        ax.tick_params(labelbottom=True)
         if fam.log and all(v > 0 for pts in series.values() for _, v in pts):
             ax.set_yscale("log")  # LRs, norms and loss scales span orders of magnitude
-        ax.set_title(fam.title, fontsize="medium")
+        only = next(iter(series)) if len(series) == 1 else None  # no legend for one series: the title names it
+        ax.set_title(f"{fam.title}: {only}" if only and only != fam.title else fam.title, fontsize="medium")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(fam.ylabel)
         ax.grid(alpha=0.3)

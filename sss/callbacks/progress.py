@@ -41,7 +41,7 @@ def validation_line(metrics: dict[str, float], epoch: int | None, step: int) -> 
         '[test] step 12: loss 0.4000'
     """
     prefix = next(iter(metrics), "val/").split("/", 1)[0]
-    shown = "  ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in metrics.items() if k.count("/") == 1)
+    shown = " ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in metrics.items() if k.count("/") == 1)
     where = f"epoch {epoch} step {step}" if epoch is not None else f"step {step}"
     return f"[{prefix}] {where}: {shown}"
 
@@ -60,7 +60,7 @@ class ProgressBar(Callback):
     keep their width); under them the status line (loss, lr, samples/s over the last seconds, the
     health figures), cut with ``…`` where the terminal is narrower, so nothing wraps. Reading the
     loss is a device sync, so they redraw at most every `refresh_seconds`. Each evaluation pass
-    prints a line above them, ``[val] epoch 1 step 16: loss 0.5563  accuracy 0.6875 ...``
+    prints a line above them, ``[val] epoch 1 step 16: loss 0.5563 accuracy 0.6875 ...``
     (`validation_line`); warnings print above them too. Only the main process draws. Turn it off
     with ``log.progress=false``. It also shows the latest value of each `show` key that health
     callbacks publish in ``state.logs`` (``train/`` dropped).
@@ -83,8 +83,8 @@ class ProgressBar(Callback):
         self._epoch: int | None = None
         self._epoch_first_step = 0
         self._epoch_done = 0
-        self._rate = 0.0
-        self._mark = (0.0, 0)
+        self._rate: float | None = None
+        self._mark: tuple[float, int] | None = None
         self._last_draw = 0.0
         self._active = False
         self._fitting = False
@@ -96,7 +96,7 @@ class ProgressBar(Callback):
         self._fitting = True
         self._shown, self._epoch = {}, None
         self._per_epoch = _steps_per_epoch(trainer)
-        self._mark, self._rate = (time.monotonic(), trainer.state.samples), 0.0
+        self._mark, self._rate = None, None
         console = Console()
         if not self._active or not console.is_terminal:
             return
@@ -137,6 +137,8 @@ class ProgressBar(Callback):
         if not self._active:
             return
         state = trainer.state
+        if self._mark is None:  # samples/s from the first batch on: the set-up and the sanity check are not training
+            self._mark = (time.monotonic(), state.samples)
         self._epoch_done = self._epoch_steps(trainer)
         if self._progress is not None:
             now = time.monotonic()
@@ -146,6 +148,10 @@ class ProgressBar(Callback):
         elif state.micro_step == 0 and state.global_step % self.every_n_steps == 0 and not state.step_was_skipped:
             total = f"/{trainer.total_steps}" if trainer.total_steps else ""
             print(f"epoch {state.epoch} step {state.global_step}{total} {self._info(trainer)}", flush=True)
+
+    def on_validation_start(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if self._live is not None and self._fitting:  # the bars as the epoch ended, not as last redrawn
+            self._draw(trainer)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         state = trainer.state
@@ -194,15 +200,16 @@ class ProgressBar(Callback):
     def _info(self, trainer: SSSTrainer) -> str:
         state = trainer.state
         now = time.monotonic()
-        since, samples = self._mark
-        if now - since >= RATE_WINDOW_S or not self._rate:
-            self._rate = (state.samples - samples) / max(now - since, 1e-9)
-            if now - since >= RATE_WINDOW_S:
-                self._mark = (now, state.samples)
+        since, samples = self._mark or (now, state.samples)
+        current = (state.samples - samples) / (now - since) if state.samples > samples and now > since else None
+        if current is not None and now - since >= RATE_WINDOW_S:
+            self._rate, self._mark = current, (now, state.samples)
+        rate = self._rate if self._rate is not None else current
         loss = f"loss {float(state.loss):.4f}" if state.loss is not None else ""
+        speed = f" {rate:.0f} samples/s" if rate is not None else " … samples/s"  # known from the second batch on
         skipped = f" skipped {state.skipped_steps}" if state.skipped_steps else ""
         extra = "".join(f" {k.removeprefix('train/')} {v:.3g}" for k, v in self._shown.items())
-        return f"{loss} lr {state.lr:.2e} {self._rate:.0f} samples/s{skipped}{extra}"
+        return f"{loss} lr {state.lr:.2e}{speed}{skipped}{extra}"
 
 
 def _steps_per_epoch(trainer: SSSTrainer) -> int | None:

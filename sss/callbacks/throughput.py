@@ -23,11 +23,11 @@ class Throughput(Callback):
     ``num_workers`` or cache decoded data. On CUDA the times are host times: the GPU queue can hide
     a slow loader, never invent one. `every_n_steps` defaults to ``trainer.log.every_n_steps``.
 
-    Only training counts, and only this process's: the sanity validation before the first epoch,
-    the validations and saves between epochs, and, in a run resumed mid-epoch, the loader skipping
-    the batches the checkpoint had already trained (an iterable dataset reads them) are left out of
-    both the time and the samples. The first window after a resume counts from the checkpoint's
-    step and samples, never from step 0.
+    Only this process's training counts: the sanity validation before the first epoch and the
+    validations and saves between epochs are left out, and the first window after a resume counts
+    from the checkpoint's step and samples, never from step 0. A run resumed mid-epoch starts its
+    loader past the batches already trained; a map-style dataset skips them for free, an iterable
+    one reads them, and that shows as data wait in the first window.
 
     Example:
         >>> from sss import SSSTrainer
@@ -51,7 +51,6 @@ class Throughput(Callback):
         self._window_samples = 0
         self._window_steps = 0
         self._gap_start: float | None = None
-        self._epoch_opening = False  # the next BATCH_START is the epoch's first
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         if self.every_n_steps is None:
@@ -69,22 +68,15 @@ class Throughput(Callback):
             self._window_start += now - self._gap_start
             self._gap_start = None
         self._last_end = now  # from here to the first batch: the loader (and its workers) starting
-        self._epoch_opening = True
 
     def on_epoch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         # from the epoch's last batch on, the time went to validation and saving
         self._gap_start, self._last_end = self._last_end or time.perf_counter(), None
 
     def on_batch_start(self, trainer: SSSTrainer, module: LitModule) -> None:
-        opening, self._epoch_opening = self._epoch_opening, False
-        if self._last_end is None:
-            return
-        gap = time.perf_counter() - self._last_end
-        self._last_end = None
-        if opening and trainer.state.batch_idx > 0:  # resumed mid-epoch: skipping trained batches, not training
-            self._window_start += gap
-        else:
-            self._wait += gap
+        if self._last_end is not None:
+            self._wait += time.perf_counter() - self._last_end
+            self._last_end = None
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._last_end = time.perf_counter()

@@ -20,7 +20,7 @@ from sss.checkpoint import (
     DamagedCheckpointError,
     FolderInUseError,
     complete_checkpoints,
-    folder_holder,
+    holds_run,
     lock_folder,
     newest_verified,
     recover_leftovers,
@@ -30,8 +30,8 @@ from sss.config import SSSConfig, instantiate, to_yaml
 from sss.errors import HubPushError
 from sss.evaluation import evaluate, flat_results, print_evaluation
 from sss.model_folder import export_model
-from sss.run.parts import build_parts
-from sss.trainer.trainer import SSSTrainer, use_cpu
+from sss.run.parts import build_parts, process_state
+from sss.trainer.trainer import SSSTrainer
 
 __all__ = ["run_fit"]
 
@@ -39,13 +39,15 @@ __all__ = ["run_fit"]
 def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     """Train the run described by `cfg`; return (and write to OUTPUT_DIR/results.json) its results.
 
-    `resume` is ``"latest"`` (the newest checkpoint in OUTPUT_DIR that verifies) or a checkpoint
-    path. The main process holds OUTPUT_DIR's lock (``.sss.lock``) for the whole run.
+    `resume` is ``"latest"`` (the newest checkpoint in OUTPUT_DIR that verifies), ``"auto"`` (the same,
+    or a fresh start when OUTPUT_DIR holds no checkpoint) or a checkpoint path; None takes
+    ``trainer.resume`` (``never``: a fresh run). The main process holds OUTPUT_DIR's lock
+    (``.sss.lock``) for the whole run.
     """
-    from accelerate import PartialState
-
     wall_start = time.perf_counter()
-    state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
+    if resume is None and cfg.trainer.resume != "never":
+        resume = cfg.trainer.resume  # `auto` or a path; the --resume flag, when given, wins over the key
+    state = process_state(cfg)  # after every process of a launched run met the others (trainer.rendezvous_timeout)
     cfg.trainer.output_dir, lock = _output_dir(cfg, resume, state)
     with lock:
         return _fit_holding_the_folder(cfg, resume, state, wall_start)
@@ -138,6 +140,12 @@ def _run_record(trainer: SSSTrainer, final: _FinalEvaluation, ckpt: Path | None)
     # from step 0; train_samples_per_second is null when the segment trained nothing.
     state, seconds = trainer.state, final.segment_seconds
     samples = state.samples - final.start_samples
+    # The epoch the run stopped in, when max_steps (or a callback) ended it before the epoch's end: how far it got.
+    if final.epoch_ended is not None:
+        epoch, batch_idx = final.epoch_ended
+        into = batch_idx + 1 if epoch == state.epoch else 0
+    else:  # no epoch ran in this segment: where the checkpoint left it
+        into = json.loads((ckpt / "trainer_state.json").read_text())["resume_batch"] if ckpt is not None else 0
     record: dict[str, Any] = {
         "segment_seconds": round(seconds, 2),
         "segment_samples": samples,
@@ -147,6 +155,7 @@ def _run_record(trainer: SSSTrainer, final: _FinalEvaluation, ckpt: Path | None)
         "samples_total": state.samples,
         "global_step": state.global_step,
         "epochs_completed": state.epoch,
+        "batches_into_epoch": into,
         "skipped_steps": state.skipped_steps,
         "mixed_precision": trainer.accelerator.mixed_precision,
         "num_processes": trainer.accelerator.num_processes,
@@ -238,13 +247,14 @@ def _output_dir(cfg: SSSConfig, resume: str | None, state: Any) -> tuple[str, co
 
 
 def _claim(chosen: str, default: str, resume: str | None) -> tuple[str, contextlib.AbstractContextManager]:
-    if resume not in (None, "latest") and chosen == default and Path(resume).parent.name == "checkpoints":
+    if resume not in (None, "latest", "auto") and chosen == default and Path(resume).parent.name == "checkpoints":
         chosen = str(Path(resume).parent.parent)  # resuming a given checkpoint continues its own run folder
-    if chosen != default:
+    # auto (a requeued or restarted job) continues runs/<name> itself: moving on to runs/<name>_1 would start over
+    if chosen != default or resume == "auto":
         return chosen, lock_folder(chosen)
     n, runs = 0, []
     for _ in range(1000):
-        while _holds_run(Path(chosen)):
+        while holds_run(Path(chosen)):
             runs.append(chosen)
             n += 1
             chosen = f"{default}_{n}"
@@ -256,25 +266,17 @@ def _claim(chosen: str, default: str, resume: str | None) -> tuple[str, contextl
     raise FolderInUseError(f"{default}: no free numbered run folder after {n} tries")
 
 
-def _holds_run(folder: Path) -> bool:
-    return (
-        (folder / "results.json").exists()
-        or bool(complete_checkpoints(folder / "checkpoints"))
-        or folder_holder(folder) is not None
-        or folder_holder(folder / "checkpoints") is not None  # a Python fit's checkpoint callback
-    )
-
-
 def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
     # The checkpoint to resume, verified first. A given path must verify (no silent fallback);
     # "latest" falls back to the newest checkpoint that verifies and says which newer ones are
-    # damaged and why. The main process, which holds the folder, cleans up what interrupted saves
-    # and rotations left and decides for every process.
+    # damaged and why; "auto" does the same and starts fresh when there is no checkpoint at all.
+    # The main process, which holds the folder, cleans up what interrupted saves and rotations
+    # left and decides for every process.
     from accelerate.utils import broadcast_object_list
 
     if resume is None:
         return None
-    if resume != "latest":
+    if resume not in ("latest", "auto"):
         try:
             verify_checkpoint(resume)
         except DamagedCheckpointError as exc:
@@ -284,25 +286,43 @@ def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
             ) from None
         return Path(resume)
     folder, found = out / "checkpoints", [None, []]
+    flag = "--resume" if resume == "latest" else "--resume auto"
     if state.is_main_process:
         for line in recover_leftovers(folder):
             print(f"sss: checkpoints: {line}", flush=True)
         newest, damaged = newest_verified(folder)
         found = [None if newest is None else str(newest), damaged]
         for why in damaged:
-            print(f"sss: warning: --resume: skipping a damaged checkpoint: {why}", flush=True)
-        if newest is not None and damaged:
-            print(f"sss: --resume: using {newest}, the newest checkpoint that verifies", flush=True)
+            print(f"sss: warning: {flag}: skipping a damaged checkpoint: {why}", flush=True)
+        if newest is not None and (damaged or resume == "auto"):
+            print(f"sss: {flag}: using {newest}, the newest checkpoint that verifies", flush=True)
     if state.num_processes > 1:
         broadcast_object_list(found)
     if found[0] is None and found[1]:
         raise SystemExit(
-            f"error: --resume: no checkpoint in {folder} verifies (newest: {found[1][0]}); "
+            f"error: {flag}: no checkpoint in {folder} verifies (newest: {found[1][0]}); "
             "resume a checkpoint you have elsewhere (--resume PATH) or train without --resume"
         )
+    if found[0] is None and resume == "auto":
+        _refuse_fresh_over_results(out, folder)
+        if state.is_main_process:
+            print(f"sss: --resume auto: no checkpoint in {folder} yet; starting a fresh run", flush=True)
+        return None
     if found[0] is None:
         raise SystemExit(f"error: --resume: no complete checkpoint in {folder}; train without --resume first")
     return Path(found[0])
+
+
+def _refuse_fresh_over_results(out: Path, folder: Path) -> None:
+    # auto with no checkpoint starts fresh, unless the folder holds a finished run's results (a run
+    # that kept no checkpoint): a fresh run would overwrite them.
+    results = out / "results.json"
+    if results.exists():
+        raise SystemExit(
+            f"error: --resume auto: {out} holds a finished run ({results}) but no checkpoint in {folder} to "
+            "continue from. Nothing was trained and no file was changed; give this run another folder "
+            "(trainer.output_dir), or move that one away"
+        )
 
 
 class _FinalEvaluation(Callback):
@@ -317,6 +337,7 @@ class _FinalEvaluation(Callback):
         self.datamodule, self.result = datamodule, None
         self.start, self.end, self.start_samples, self.start_step = 0.0, 0.0, 0, 0
         self.seconds_before = 0.0  # training seconds of the earlier segments, from the resumed checkpoint
+        self.epoch_ended: tuple[int, int] | None = None  # (epoch, batch_idx) at this segment's latest EPOCH_END
 
     @property
     def segment_seconds(self) -> float:
@@ -332,6 +353,10 @@ class _FinalEvaluation(Callback):
         # After load_checkpoint: a resumed segment counts from its checkpoint's samples and step.
         self.start, self.end = time.perf_counter(), 0.0
         self.start_samples, self.start_step = trainer.state.samples, trainer.state.global_step
+
+    def on_epoch_end(self, trainer: SSSTrainer, module: Any) -> None:
+        # The trainer counts the epoch (state.epoch + 1) after this event only if its loader ran out.
+        self.epoch_ended = (trainer.state.epoch, trainer.state.batch_idx)
 
     def on_fit_end(self, trainer: SSSTrainer, module: Any) -> None:
         self.end = time.perf_counter()
@@ -357,8 +382,8 @@ def _print_results(name: str, results: dict[str, Any], path: Path) -> None:
     table = Table(title=f"sss fit {name}: results")
     table.add_column("key")
     table.add_column("value", justify="right")
-    for key, value in results.items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    for key, value in results.items():  # metrics to 4 decimals; the run's own figures as results.json has them
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) and "/" in key else str(value))
     console = Console()
     console.print(table)
     console.print(f"written to {path}")

@@ -1,9 +1,10 @@
 """`build_parts`: the one build sequence every command shares (fit, validate/test, export).
 
-Process state, then the data module and its ``setup("fit")`` (which reads or makes the data, so
-that classes and modalities are known), then the model settings that follow from the data, then
-the model, seeded. Building in one place keeps ``sss export`` and ``sss validate`` building the
-very model ``sss fit`` trained.
+Process state (once every process of a launched run met the others: `process_state`), then the
+data module and its ``setup("fit")`` (which reads or makes the data, so that classes and
+modalities are known), then the model settings that follow from the data, then the model,
+seeded. Building in one place keeps ``sss export`` and ``sss validate`` building the very model
+``sss fit`` trained.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sss.config import SSSConfig, instantiate
+from sss.run.cluster import preflight_rendezvous
 from sss.trainer.module import LitModule
 from sss.trainer.trainer import use_cpu
 
-__all__ = ["Parts", "build_parts", "sizes_from_data"]
+__all__ = ["Parts", "build_parts", "process_state", "sizes_from_data"]
 
 
 @dataclass
@@ -43,10 +45,9 @@ def build_parts(cfg: SSSConfig) -> Parts:
         >>> type(parts.module).__name__, parts.from_data
         ('BoringModule', {'num_classes': 2})
     """
-    from accelerate import PartialState
     from accelerate.utils import set_seed
 
-    state = PartialState(cpu=use_cpu(cfg.trainer.cpu))
+    state = process_state(cfg)
     datamodule = instantiate(cfg.data) if cfg.data else None  # a model folder's config may hold no data section
     if hasattr(datamodule, "setup"):
         datamodule.setup("fit")  # reads (or makes) the data: classes and modalities are known after it
@@ -54,6 +55,24 @@ def build_parts(cfg: SSSConfig) -> Parts:
     from_data = sizes_from_data(cfg.model, datamodule)
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
     return Parts(state=state, datamodule=datamodule, module=instantiate(cfg.model), from_data=from_data)
+
+
+def process_state(cfg: SSSConfig) -> Any:
+    """This process's Accelerate `PartialState`, set up after the pre-flight rendezvous of a launched run.
+
+    Every process of a run launched as several waits at most ``trainer.rendezvous_timeout`` seconds for all the
+    others (`sss.run.cluster.preflight_rendezvous`); one that is missing ends the run with an error naming the
+    ranks seen, before any data is read or model built, instead of hanging in the process group's set-up.
+
+    Example:
+        >>> from sss.config import SSSConfig
+        >>> process_state(SSSConfig()).num_processes
+        1
+    """
+    from accelerate import PartialState
+
+    with preflight_rendezvous(cfg.trainer.rendezvous_timeout):
+        return PartialState(cpu=use_cpu(cfg.trainer.cpu))
 
 
 def sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:

@@ -148,11 +148,11 @@ def _check_eval(entry: Logged) -> None:
         )
 
 
-def _eval_name(name: str, prefix: str) -> str:
-    # my_metric and val/my_metric both become <prefix>/my_metric (val/..., test/..., val_image_only/...)
-    for stage in (prefix, "val", "test"):
+def _eval_name(name: str) -> str:
+    # my_metric and val/my_metric are both my_metric, named <prefix>/my_metric at the pass's end
+    for stage in ("val", "test"):
         name = name.removeprefix(f"{stage}/")
-    return f"{prefix}/{name}"
+    return name
 
 
 class ModuleLogs:
@@ -236,18 +236,18 @@ class ModuleLogs:
         for entry in _take(module, "validation_step"):
             _check_eval(entry)
             if not drop:
-                self.eval.add(entry.name, entry)
+                self.eval.add(_eval_name(entry.name), entry)
 
     def end_eval(self, state: Any, accelerator: Any, prefix: str, metrics: dict[str, float]) -> dict[str, float]:
         """The pass's means over all processes, named ``<prefix>/<name>``, added to `metrics` (the pass's)."""
         means, bar = self.eval.means(accelerator), self.eval.bar
         self.eval = _Sums()
-        values = {_eval_name(name, prefix): value for name, value in means.items()}
+        values = {f"{prefix}/{name}": value for name, value in means.items()}
         clash = sorted(set(values) & set(metrics))
         if clash:
             raise ValueError(
                 f"validation_step logged {', '.join(clash)}, which compute_metrics also returns: give the logged "
                 "value another name"
             )
-        state.bar.update({_eval_name(name, prefix): means[name] for name in bar})
+        state.bar.update({f"{prefix}/{name}": means[name] for name in bar})
         return {**metrics, **values}

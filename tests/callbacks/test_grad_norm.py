@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -15,11 +16,11 @@ from sss.testing import BoringModule, boring_loader
 QUIET = {"log": {"progress": False, "trackers": []}, "checkpoint": {"every_epoch": False}, "mixed_precision": "no"}
 
 
-def _fit(callbacks, lr=0.1, module=None, steps=8, **kw):
+def _fit(callbacks, lr=0.1, module=None, steps=8, optim=None, **kw):
     trainer = SSSTrainer(
         callbacks=callbacks,
         max_steps=steps,
-        optim={"optimizer": {"_target_": "torch.optim.SGD", "lr": lr}},
+        optim=optim or {"optimizer": {"_target_": "torch.optim.SGD", "lr": lr}},
         **QUIET,
         **kw,
     )
@@ -80,6 +81,73 @@ def test_frozen_audio_branch_warns_imbalance():
     assert len(imbalance) == 1 and "audio gets 0.0%" in imbalance[0] and "none of its parameters" in imbalance[0]
     assert "OGM-GE" in imbalance[0] and "modality dropout" in imbalance[0]
     assert trainer.state.logs["train/grad_share/audio"] == 0.0
+
+
+WARMUP = {"_target_": "sss.trainer.cosine_with_warmup", "warmup_steps": 8}
+
+
+def _large_lr_fit(scheduler):
+    # SGD at lr=10 with a clip value of 1.0: every step is clipped, "the learning rate may be too large"
+    optim = {"optimizer": {"_target_": "torch.optim.SGD", "lr": 10.0}}
+    if scheduler is not None:
+        optim["scheduler"] = scheduler
+    return _fit([GradNormMonitor(every_n_steps=1, patience=3)], steps=16, max_grad_norm=1.0, optim=optim)
+
+
+def _steps(messages, text):
+    return [int(re.search(r"global_step (\d+)", m).group(1)) for m in messages if text in m]
+
+
+def test_no_learning_rate_advice_during_the_warm_up():
+    _, messages = _large_lr_fit(WARMUP)
+    large = _steps(messages, "too large")
+    # the advice waits for the warm-up (steps 0-7) to end, then for `patience` checks, and comes all the same
+    assert large and min(large) >= 8 + 3 - 1, messages
+    assert not _steps(messages, "too small"), messages  # the LR starts at 0: small by design, not advice
+
+
+def test_the_same_run_without_a_warm_up_is_advised_at_once():  # the negative control of the test above
+    _, messages = _large_lr_fit(None)
+    assert min(_steps(messages, "too large")) < 8, messages
+
+
+def test_warming_up_follows_the_schedule():
+    seen = []
+
+    class Probe(Callback):
+        def on_after_backward(self, trainer, module):
+            seen.append(monitor.warming_up(trainer))
+
+    monitor = GradNormMonitor(every_n_steps=1)
+    optim = {"optimizer": {"_target_": "torch.optim.SGD", "lr": 0.1}, "scheduler": {**WARMUP, "warmup_steps": 4}}
+    _fit([monitor, Probe()], steps=10, optim=optim)
+    assert seen == [True] * 4 + [False] * 6  # steps 0-3 below the optimizer's lr; from step 4 on, the cosine decay
+    seen.clear()
+    _fit([monitor, Probe()], steps=3, lr=0.1)  # no scheduler: no warm-up
+    assert seen == [False] * 3
+
+
+def test_advice_is_an_sss_warning_printed_as_one_line(capsys):
+    from sss.warnings import SSSWarning
+
+    module = BoringModule()
+    module.audio_encoder.requires_grad_(False)
+    trainer = SSSTrainer(callbacks=[GradNormMonitor(every_n_steps=1, patience=2)], max_steps=3, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, train_dataloaders=boring_loader(n=64, batch_size=8))
+    advice = [w for w in caught if "GradNormMonitor" in str(w.message)]
+    assert advice and all(w.category is SSSWarning for w in advice)
+    w = advice[0]
+    text = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, "warnings.warn(message)")
+    assert text == f"sss: warning: {w.message}\n" and "grad_norm.py" not in text
+    with warnings.catch_warnings(record=True) as ignored:  # users can filter sss's advice by its category
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=SSSWarning)
+        SSSTrainer(callbacks=[GradNormMonitor(every_n_steps=1, patience=2)], max_steps=3, **QUIET).fit(
+            module, train_dataloaders=boring_loader(n=64, batch_size=8)
+        )
+    assert not [w for w in ignored if "GradNormMonitor" in str(w.message)]
 
 
 class GradSnapshot(Callback):

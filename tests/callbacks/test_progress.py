@@ -1,4 +1,6 @@
-"""ProgressBar on a real pseudo-terminal: the bar renders, fits the terminal's width, and validation lines show."""
+"""ProgressBar on a real pseudo-terminal: the epoch and run bars render with their time left, fit the terminal's
+width and keep theirs; validation lines name epoch and step; sss's advice prints as one clean line, and none about
+the learning rate during a warm-up."""
 
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ def _env() -> dict[str, str]:
     return {**env, "TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
 
 
-def _run_on_terminal(width: int) -> list[str]:
-    """The script's terminal output at `width` columns, as the lines a terminal would show, escapes removed."""
+def _run_on_terminal(width: int) -> tuple[list[str], str]:
+    """The script's output at `width` columns, as the lines a terminal would show (escapes removed), and stderr."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, width, 0, 0))
     proc = subprocess.Popen(
@@ -43,23 +45,42 @@ def _run_on_terminal(width: int) -> list[str]:
     os.close(master)
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-3000:]
     text = ESCAPES.sub("", b"".join(chunks).decode())
-    return re.split(r"\r\n|\r|\n", text)  # each redraw starts with \r
+    return re.split(r"\r\n|\r|\n", text), proc.stderr.read().decode()  # each redraw starts with \r
+
+
+BAR = "━╸╺"
+VAL = re.compile(r"^\[val\] epoch (\d+) step (\d+): loss \d\.\d{4} accuracy \d\.\d{4}")
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # a long line wrapped by the terminal, read as one
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [60, 100])
-def test_the_bar_renders_on_a_terminal_within_its_width(width):
-    lines = _run_on_terminal(width)
+def test_the_bars_render_on_a_terminal_within_its_width(width):
+    lines, stderr = _run_on_terminal(width)
     assert max(len(line) for line in lines) <= width, [line for line in lines if len(line) > width]
-    bars = [line for line in lines if "━" in line]
-    assert bars, lines
-    final = [line for line in bars if "16/16" in line]  # 2 epochs x 8 steps, drawn at the end
-    assert final and final[-1].startswith("epoch 1 "), bars[-3:]
+    bars = [line for line in lines if any(c in line for c in BAR)]
+    assert bars and all(line.startswith(("epoch ", "total ")) for line in bars), bars[:4]
+    # two bars, the epoch's and the run's, each with a count and the time left (or taken, at the end)
+    assert any(re.match(r"epoch 0 .* 3/8 +eta \d:\d\d:\d\d", line) for line in bars), bars[:6]
+    assert any(re.match(r"total .* 11/16 +eta \d:\d\d:\d\d", line) for line in bars), bars
+    assert re.match(r"epoch 1 .* 8/8 +took ", bars[-2]) and re.match(r"total .* 16/16 +took ", bars[-1]), bars[-2:]
+    # the bars keep one width, whatever the status line holds: the health figures live on their own line
+    widths = {sum(line.count(c) for c in BAR) for line in bars}
+    assert len(widths) == 1 and widths.pop() >= width - 30, bars[:4]
     info = [line for line in lines if "loss " in line and "samples/s" in line]
     assert info and all(" lr " in line for line in info)
     assert any("grad_share/image" in line for line in info)  # a health figure the monitor published
-    shown = [line for line in lines if line.startswith("[val] val/loss ")]  # the stage label is not eaten as markup
-    assert len(shown) == 2, lines
+    shown = [VAL.match(line) for line in lines if line.startswith("[val]")]  # "[val]" is not eaten as markup
+    assert [(m.group(1), m.group(2)) for m in shown if m] == [("0", "8"), ("1", "16")], lines
+    # sss's advice: one "sss: warning:" line (the terminal may wrap it), no file path, no source line
+    text = _flat("\n".join(lines) + "\n" + stderr)
+    assert "sss: warning: GradNormMonitor (global_step " in text and "modality imbalance: audio gets 0.0%" in text
+    assert ".py:" not in text and "warnings.warn" not in text and "Warning:" not in text
+    # clipped at every step with an LR far too large, but still warming up: no learning-rate advice
+    assert "learning rate may be" not in text
 
 
 @pytest.mark.slow
@@ -74,4 +95,8 @@ def test_without_a_terminal_it_prints_plain_lines():
         "epoch 1 step 12/16",
         "epoch 1 step 16/16",
     ]
-    assert sum(line.startswith("[val] val/loss ") for line in done.stdout.splitlines()) == 2
+    shown = [VAL.match(line) for line in done.stdout.splitlines() if line.startswith("[val]")]
+    assert [(m.group(1), m.group(2)) for m in shown if m] == [("0", "8"), ("1", "16")], done.stdout
+    warned = [line for line in done.stderr.splitlines() if "GradNormMonitor" in line]
+    assert len(warned) == 1 and warned[0].startswith("sss: warning: GradNormMonitor (global_step "), done.stderr
+    assert "modality imbalance" in warned[0] and ".py:" not in done.stderr, done.stderr

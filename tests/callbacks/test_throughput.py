@@ -81,3 +81,25 @@ def test_health_figures_reach_the_progress_bar_and_the_trackers(capsys, tmp_path
         assert "grad_share/image" in line and "grad_share/audio" in line and "data_wait_fraction" in line
     header = (tmp_path / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"train/grad_norm/audio", "train/grad_share/image", "train/data_wait_fraction"} <= set(header)
+
+
+class SlowValidation(SlowStep):
+    def validation_step(self, batch, batch_idx):
+        time.sleep(0.15)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_the_sanity_validation_before_the_first_epoch_is_not_training_time():
+    from sss.testing import boring_loader
+
+    meter = Throughput(every_n_steps=4)
+    trainer = SSSTrainer(
+        callbacks=[meter],
+        max_steps=4,
+        mixed_precision="no",
+        sanity_val_batches=2,  # 2 x 150 ms before the first step
+        log={"progress": False, "trackers": []},
+        checkpoint={"every_epoch": False},
+    )
+    trainer.fit(SlowValidation(), train_dataloaders=boring_loader(n=64), val_dataloaders=boring_loader(n=8, seed=1))
+    assert 0.02 <= meter.step_time_s < 0.02 + 0.3 / 4 / 2  # one window of 4 steps of ~20 ms, no 75 ms share each

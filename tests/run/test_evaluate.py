@@ -141,3 +141,39 @@ def test_the_ablation_zeroes_the_batch_keys_the_module_names():
     assert zeroed == [(False, True), (True, False), (False, False)]  # image only, audio only, fused
     assert set(result["ablation"]) == {"image_only", "audio_only"}
     assert result["ablation"]["image_only"] != result["metrics"] != result["ablation"]["audio_only"]
+
+
+def test_a_stored_config_is_found_or_its_absence_named(tmp_path):
+    from sss.config import ConfigError
+    from sss.run.evaluate import load_stored_config
+
+    ckpt = tmp_path / "step_0000001"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text("{}")  # an older checkpoint without the run's config
+    with pytest.raises(ConfigError, match=r"holds no run config: .*sss test CONFIG --ckpt"):
+        load_stored_config(ckpt, command="test")
+    with pytest.raises(FileNotFoundError, match=r"neither an sss checkpoint .* nor a model folder"):
+        load_stored_config(tmp_path)
+
+
+def test_only_sss_own_parts_are_built_from_a_stored_config_without_trust():
+    from sss.config import load_config
+    from sss.run.evaluate import untrusted_parts
+
+    safe = [
+        "model._target_=sss.models.create_model",
+        "model.name=hunter_tiny",
+        "data._target_=sss.data.ManifestDataModule",
+        "trainer.optim.optimizer._target_=torch.optim.SGD",
+        "callbacks=[{_target_: sss.callbacks.LearningRateMonitor}]",
+    ]
+    assert untrusted_parts(load_config(None, safe)) == []
+    unsafe = [
+        "model._target_=sss.data.make_industrial",  # sss's own, but no model: building it would call it
+        "data._target_=sss.testing.BoringDataModule",
+        "trainer.optim.optimizer._target_=my_optim.Fast",  # only imported by the check, but that runs its module
+    ]
+    assert untrusted_parts(load_config(None, unsafe)) == [
+        ("model._target_", "sss.data.make_industrial"),
+        ("trainer.optim.optimizer._target_", "my_optim.Fast"),
+    ]

@@ -99,7 +99,11 @@ def test_a_resumed_segment_reports_its_own_throughput(monkeypatch):
 
     monkeypatch.setattr(BoringDataset, "__getitem__", slow)
     args = ["data.n_train=32", "data.n_val=4", "data.batch_size=4", "trainer.max_epochs=null"]
-    args += ["trainer.checkpoint.every_n_steps=4", "trainer.checkpoint.every_epoch=false", "trainer.sanity_val_batches=0"]
+    args += [
+        "trainer.checkpoint.every_n_steps=4",
+        "trainer.checkpoint.every_epoch=false",
+        "trainer.sanity_val_batches=0",
+    ]
     assert _fit(*args, "trainer.max_steps=4") == 0  # stops mid-epoch (8 steps an epoch), checkpoint at step 4
     first = json.loads((RUN / "results.json").read_text())
     start = time.perf_counter()
@@ -107,6 +111,9 @@ def test_a_resumed_segment_reports_its_own_throughput(monkeypatch):
     elapsed = time.perf_counter() - start
     resumed = json.loads((RUN / "results.json").read_text())
     assert (resumed["segment_samples"], resumed["samples_total"], resumed["segment_steps"]) == (16, 32, 4)
+    # max_steps ended both segments inside epoch 0 (the second at its last batch, before the epoch's end)
+    assert (first["epochs_completed"], first["batches_into_epoch"]) == (0, 4)
+    assert (resumed["epochs_completed"], resumed["batches_into_epoch"]) == (0, 8)
     seconds, rate = resumed["segment_seconds"], resumed["train_samples_per_second"]
     assert 16 * delay <= seconds <= elapsed
     assert rate == pytest.approx(16 / seconds, rel=0.02)  # this segment's 16 samples, not the 32 since step 0

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import sss.run.launch
 from sss.cli import main
 from sss.config import ConfigError, load_config
-from sss.run.launch import accelerate_config, launcher_flags, resolve_launch
+from sss.run.launch import accelerate_config, launcher_flags, resolve_launch, single_process_launch
+from sss.trainer.trainer import use_cpu
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
@@ -111,3 +117,90 @@ def test_debug_never_writes_into_a_finished_run(tmp_path, capsys):
     capsys.readouterr()
     assert main([*args, "trainer.max_steps=1", "trainer.checkpoint.every_epoch=false"]) == 1
     assert "already holds a finished run" in capsys.readouterr().err
+
+
+LAUNCHED = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+"""What Accelerate's simple launcher exports to the one process it starts for --num_processes 2 (no WORLD_SIZE)."""
+
+
+def test_a_single_process_launch_asked_for_several_is_told_with_the_command_that_starts_them():
+    launcher = ["/venv/bin/python", "/venv/bin/accelerate", "launch", "--num_processes", "2", "-m", "sss", "fit"]
+    message = single_process_launch(LAUNCHED, [*launcher, "x.yaml", "trainer.max_steps=3"])
+    assert message == (
+        "accelerate launch was asked for 2 processes but started this one alone: without --multi_gpu, on a machine "
+        "with fewer than two GPUs, it runs the script once. Run: accelerate launch --multi_gpu --num_processes 2 -m "
+        "sss fit x.yaml trainer.max_steps=3 (the same as: sss fit x.yaml trainer.max_steps=3 --num-processes 2); "
+        "without GPUs (or with trainer.cpu=true) the processes form a gloo group on the CPU"
+    )
+    # --cpu runs one process too; the command drops it (sss forms the gloo group itself)
+    cpu = single_process_launch(LAUNCHED, ["accelerate", "launch", "--cpu", "--num_processes=2", "-m", "sss", "fit"])
+    assert "with --cpu it runs the script once. Run: accelerate launch --multi_gpu --num_processes=2 -m sss fit" in cpu
+    # python -m accelerate.commands.launch, and `sss fit --num-processes` given to the script, not the launcher
+    module = [sys.executable, "-m", "accelerate.commands.launch", "--num-processes", "3", "-m", "sss", "fit", "a.yaml"]
+    assert "Run: accelerate launch --multi_gpu --num-processes 3 -m sss fit a.yaml" in single_process_launch(
+        LAUNCHED, module
+    )
+
+
+def test_the_process_count_of_the_launchers_config_file_counts(tmp_path):
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("distributed_type: NO\nnum_processes: 2\n")
+    argv = ["accelerate", "launch", "--config_file", str(acc), "-m", "sss", "fit", "x.yaml"]
+    message = single_process_launch(LAUNCHED, argv)
+    assert f"Run: accelerate launch --multi_gpu --num_processes 2 --config_file {acc} -m sss fit x.yaml" in message
+
+
+@pytest.mark.parametrize(
+    "env,argv",
+    [
+        ({**LAUNCHED, "WORLD_SIZE": "2"}, None),  # torchrun (--multi_gpu) started the group
+        ({**LAUNCHED, "OMPI_COMM_WORLD_SIZE": "2"}, None),  # mpirun did
+        ({"MASTER_PORT": "29500"}, None),  # not started by accelerate launch
+        (LAUNCHED, ["accelerate", "launch", "--num_processes", "1", "-m", "sss", "fit", "x.yaml"]),  # one asked for
+        (LAUNCHED, ["accelerate", "launch", "-m", "sss", "fit", "x.yaml"]),  # no count, no config file: 1
+        (LAUNCHED, ["/bin/bash", "-c", "sss fit x.yaml --num_processes 2"]),  # the parent is not the launcher
+        (LAUNCHED, []),  # the parent's command line could not be read
+    ],
+)
+def test_no_complaint_where_nothing_is_missing(env, argv):
+    launcher = argv if argv is not None else ["accelerate", "launch", "--num_processes", "2", "-m", "sss", "fit", "x"]
+    assert single_process_launch(env, launcher) is None
+
+
+def test_sss_fit_refuses_a_single_process_launch_asked_for_two(monkeypatch, capsys):
+    for name, value in LAUNCHED.items():
+        monkeypatch.setenv(name, value)
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "SSS_LAUNCH_RESOLVED"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["/venv/bin/accelerate", "launch", "--num_processes", "2", "-m", "sss", "fit", EXAMPLE]
+    monkeypatch.setattr(sss.run.launch, "launcher_argv", lambda: argv)
+    assert main(["fit", EXAMPLE, *SHORT]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: accelerate launch was asked for 2 processes but started this one alone")
+    assert f"Run: accelerate launch --multi_gpu --num_processes 2 -m sss fit {EXAMPLE}" in err
+    assert not Path("runs").exists()  # refused before anything was built or written
+
+
+def test_an_mpi_launch_on_the_cpu_forms_a_gloo_group(monkeypatch):
+    # mpirun (accelerate launch --cpu --mpirun_hostfile) sets the MPI world size, not WORLD_SIZE
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert use_cpu(False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    assert not use_cpu(False)
+
+
+@pytest.mark.slow
+def test_a_real_accelerate_launch_of_two_processes_without_multi_gpu_is_refused(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")}  # no accelerate config of the user's
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "SSS_LAUNCH_RESOLVED", "ACCELERATE_MIXED_PRECISION"):
+        env.pop(name, None)
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--num_processes", "2", "-m", "sss", "fit", EXAMPLE, *SHORT]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert "error: accelerate launch was asked for 2 processes but started this one alone" in done.stderr
+    assert f"Run: accelerate launch --multi_gpu --num_processes 2 -m sss fit {EXAMPLE}" in done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sss.config import ConfigError, load_config
-from sss.run.notebook import _load, notebook_fit
+from sss.run.notebook import _load, launch_description, notebook_fit
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
@@ -53,7 +53,9 @@ def test_one_then_two_processes_return_the_results(tmp_path):
     assert one["global_step"] == two["global_step"] == 2 and 0 <= two["val/accuracy"] <= 1
     assert one["model_dir"] == "runs/industrial/model" and two["model_dir"] == "runs/industrial_1/model"
     assert json.loads((tmp_path / "runs" / "industrial_1" / "results.json").read_text()) == two
-    assert "Launching training on 2" in done.stdout
+    # what was launched, in sss's words; not Accelerate's "Launching training on 2 CUDAs." on this CPU machine
+    assert "sss: notebook_fit: launching 2 processes on the CPU: one gloo process group (no GPU here)" in done.stdout
+    assert "Launching training on" not in done.stdout
     # one gloo group with one main process, not two independent copies that would each report a run
     assert done.stdout.count("sss: run 'industrial' -> runs/industrial_1") == 1
 
@@ -95,3 +97,35 @@ def test_the_example_notebook_is_valid_and_its_code_compiles():
     assert any(
         "notebook_fit(" in "".join(cell["source"]) and "num_processes=2" in "".join(cell["source"]) for cell in code
     )
+
+
+def test_two_processes_are_announced_as_what_they_are(monkeypatch, capsys):
+    # The launch itself is replaced (it would fork): what is printed before it is what this test is about.
+    import torch.distributed.launcher.api as elastic
+
+    launched = []
+    monkeypatch.setattr(elastic, "elastic_launch", lambda config, entrypoint: lambda *a: launched.append(config))
+    monkeypatch.setattr("accelerate.utils.is_cuda_available", lambda: False)  # a CPU-only machine, also on a GPU one
+    with pytest.raises(RuntimeError, match="the main process ended without results"):
+        notebook_fit(load_config(EXAMPLE, TINY), num_processes=2)
+    out = capsys.readouterr().out
+    assert launched and launched[0].nproc_per_node == 2
+    assert "sss: notebook_fit: launching 2 processes on the CPU: one gloo process group (no GPU here)" in out
+    assert "Launching training on" not in out and "CUDA" not in out  # Accelerate's "on 2 CUDAs." is held back
+    import accelerate.launchers
+
+    assert "print" not in vars(accelerate.launchers)  # its print is its own again afterwards
+
+
+def test_the_launch_description_follows_the_devices(monkeypatch):
+    assert launch_description(2, cpu=True).endswith("on the CPU: one gloo process group (trainer.cpu=true)")
+    monkeypatch.setattr("accelerate.utils.is_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert launch_description(2) == "launching 2 processes, one CUDA GPU each (of 2): one nccl process group"
+    with pytest.raises(
+        ValueError,
+        match=r"num_processes=4\) needs one GPU per process and this machine has 2: use "
+        r"num_processes=2 or fewer, or add overrides=\['trainer.cpu=true'\]",
+    ):
+        launch_description(4)
