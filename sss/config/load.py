@@ -71,7 +71,7 @@ def load_config(
         layers = [("", _read_yaml(Path(path)))] if path is not None else []  # its errors name the file already
     for item in _checked_overrides(overrides, where):
         try:
-            layers.append((f"override {item!r}: ", OmegaConf.from_dotlist([item])))
+            layers.append((f"override {item!r}: ", OmegaConf.from_dotlist([_yaml12_value(item)])))
         except OmegaConfBaseException as exc:  # e.g. an unclosed ${...}
             raise ConfigError(f"{where}: override {item!r}: {str(exc).splitlines()[0]}") from None
     merged = OmegaConf.structured(SSSConfig)
@@ -248,6 +248,17 @@ _FLOAT = re.compile(
 )
 
 
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_YAML11_WORDS = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
+
+
+def _yaml12_value(item: str) -> str:
+    # OmegaConf parses an override's value with YAML 1.1 rules (``no`` -> False): quote those words
+    # so that ``trainer.mixed_precision=no`` means "no", as it does in a YAML file here.
+    key, value = item.split("=", 1)
+    return f"{key}='{value}'" if _YAML11_WORDS.match(value) else item
+
+
 @functools.cache
 def _loader() -> type:
     import yaml
@@ -273,6 +284,13 @@ def _loader() -> type:
             return super().construct_mapping(node, deep=deep)
 
     UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    # YAML 1.2 booleans: only true/false. PyYAML's YAML 1.1 also reads yes/no/on/off as booleans,
+    # which turns `mixed_precision: no` into False; a boolean field still accepts those words.
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in UniqueKeyLoader.yaml_implicit_resolvers.items()
+    }
+    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
     return UniqueKeyLoader
 
 

@@ -280,3 +280,14 @@ def test_a_stored_config_loads_with_overrides_and_names_its_source():
     assert (cfg.name, cfg.trainer.max_steps, cfg.trainer.seed, cfg.model) == ("old", 7, 2, {"_target_": "a.B"})
     with pytest.raises(ConfigError, match=r"^ckpt/trainer_state\.json: trainer\.lr: .*optim\.optimizer\.lr\?$"):
         load_config("ckpt/trainer_state.json", stored={"trainer": {"lr": 1}})
+
+
+@pytest.mark.parametrize("word", ["no", "off", "yes"])
+def test_yaml_1_1_words_stay_strings_in_the_yaml_and_in_overrides(tmp_path, word):
+    # PyYAML and OmegaConf read `no` as False (YAML 1.1): `mixed_precision: no` was refused as 'False'.
+    path = tmp_path / "p.yaml"
+    path.write_text("trainer:\n  mixed_precision: no\n  cpu: yes\n")
+    cfg = load_config(path)
+    assert cfg.trainer.mixed_precision == "no" and cfg.trainer.cpu is True  # a boolean field takes yes/no
+    assert load_config(None, ["trainer.mixed_precision=no"]).trainer.mixed_precision == "no"
+    assert load_config(None, [f"trainer.cpu={word}"]).trainer.cpu is (word == "yes")
