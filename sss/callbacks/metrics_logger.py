@@ -259,7 +259,7 @@ class MetricsLogger(Callback):
             logging_dir = trainer.output_dir / "logs"
             accelerator.log_with = filter_trackers(make_trackers(self.trackers, logging_dir), logging_dir)
             if accelerator.is_main_process:
-                pass
+                _warn_missing(self.trackers, accelerator.log_with)
         config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
         # purge_step: TensorBoard readers drop the earlier event files' points from that step on
         init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}}

@@ -332,7 +332,10 @@ def _curves(panels: list[tuple[Family, Series]]) -> Figure:
             ax.plot(steps, values, marker=marker, markersize=size, linestyle="--" if val else "-", label=name)
         ax.tick_params(labelbottom=True)
         if fam.log and all(v > 0 for pts in series.values() for _, v in pts):
+            from matplotlib.ticker import NullFormatter
+
             ax.set_yscale("log")  # LRs, norms and loss scales span orders of magnitude
+            ax.yaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels crowd a short axis
         only = next(iter(series)) if len(series) == 1 else None  # no legend for one series: the title names it
         ax.set_title(f"{fam.title}: {only}" if only and only != fam.title else fam.title, fontsize="medium")
         ax.set_xlabel("optimizer step")

@@ -132,6 +132,7 @@ class ProgressBar(Callback):
         # keep the latest values: the metrics logger clears state.logs when it writes them
         logs = trainer.state.logs
         self._shown.update((k, logs[k]) for k in self.show if k in logs)
+        self._shown.update(trainer.state.bar)  # what the module logged with self.log(..., prog_bar=True)
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if not self._active:

@@ -111,14 +111,14 @@ def test_exception_event_fires_and_error_is_reraised():
 
 
 def test_stock_callbacks_come_after_user_callbacks_and_can_be_replaced():
-    from sss.callbacks import MetricsLogger, ModelCheckpoint, ProgressBar
+    from sss.callbacks import MetricsLogger, ModelCheckpoint, Plots, ProgressBar
     from sss.callbacks.model_summary import ModelSummary
     from sss.callbacks.skipped import SkippedRows
 
     mine = ModelCheckpoint(every_n_steps=5)
     trainer = add_stock_callbacks(SSSTrainer(callbacks=[EventRecorder(), mine], mixed_precision="no"))
     kinds = [type(c) for c in trainer.callbacks]
-    assert kinds == [EventRecorder, ModelCheckpoint, ModelSummary, ProgressBar, MetricsLogger, SkippedRows]
+    assert kinds == [EventRecorder, ModelCheckpoint, ModelSummary, ProgressBar, Plots, MetricsLogger, SkippedRows]
     assert trainer.callbacks[1] is mine
 
 

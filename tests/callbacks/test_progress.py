@@ -100,3 +100,23 @@ def test_without_a_terminal_it_prints_plain_lines():
     warned = [line for line in done.stderr.splitlines() if "GradNormMonitor" in line]
     assert len(warned) == 1 and warned[0].startswith("sss: warning: GradNormMonitor (global_step "), done.stderr
     assert "modality imbalance" in warned[0] and ".py:" not in done.stderr, done.stderr
+
+
+def test_values_the_module_logs_for_the_bar_are_shown(capsys):
+    import torch
+
+    from sss import SSSTrainer
+    from sss.callbacks import ProgressBar
+    from sss.testing import BoringModule, boring_loader
+
+    class Logs(BoringModule):
+        def training_step(self, batch, batch_idx):
+            self.log("mine", torch.tensor(0.25), prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    trainer = SSSTrainer(
+        max_steps=4, mixed_precision="no", log={"every_n_steps": 2}, callbacks=[ProgressBar(every_n_steps=2)]
+    )
+    trainer.fit(Logs(), train_dataloaders=boring_loader(n=32))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert lines and all("mine 0.25" in line for line in lines), lines
