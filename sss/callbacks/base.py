@@ -22,6 +22,9 @@ class Event(str, Enum):
             if ckpt_path: restore it
                 # LOAD_CHECKPOINT
             # FIT_START
+            sanity check: trainer.sanity_val_batches batches through validation_step and compute_metrics
+                          (no events, nothing kept, RNG restored; not on a resume); the first batch's
+                          keys, dtypes and shapes are checked when the loop reaches it
             for epoch in epochs:
                 # EPOCH_START
                 for batch_idx, batch in train_loader:   (at most limit_train_batches)
@@ -37,10 +40,12 @@ class Event(str, Enum):
                                 optimizer.step()
                             skipped? -> skipped_steps += 1
                                 else -> global_step += 1; scheduler.step()
+                            module's self.log step values -> state.logs (at logging steps)
                             # AFTER_OPTIMIZER_STEP
                             optimizer.zero_grad()
                     # BATCH_END                   (checkpoints every N steps save here)
                     stop at max_steps or when state.should_stop
+                self.log epoch values: one all-reduce -> state.metrics
                 if validation is due:
                     # VALIDATION_START
                     gather_for_metrics(module.validation_step(...))   (a padded last batch per sample)
