@@ -168,8 +168,9 @@ def check_batch(batch: Any, *, where: str = "the batch", input_keys: Sequence[st
     Args:
         batch: One collated batch: a dict of named tensors.
         where: How the message names the batch, e.g. ``"the first training batch"``.
-        input_keys: The keys the model reads as inputs; at least one must be present. None skips
-            every check (a module that takes another batch format says so with ``input_keys = None``).
+        input_keys: The keys the model reads as inputs; at least one must be present (an empty
+            tuple requires none). None skips every check (a module that takes another batch
+            format says so with ``input_keys = None``).
 
     Example:
         >>> import torch
@@ -188,7 +189,7 @@ for class indices use 'label'
             "return a dict from your Dataset's __getitem__ (docs/data.md, The batch), or set input_keys = None on "
             "a module that takes another batch format"
         )
-    if not any(key in batch for key in input_keys):
+    if input_keys and not any(key in batch for key in input_keys):
         wanted = " or ".join(repr(k) for k in input_keys)
         raise BatchFormatError(
             f"{where} has no {wanted} key (keys: {', '.join(map(str, batch)) or 'none'}): rename them in your "

@@ -15,6 +15,7 @@ import torch
 
 from sss import checkpoint as ckpt_io
 from sss.data.contract import INPUT_KEYS, check_batch
+from sss.trainer.module import LitModule
 from sss.trainer.state import TrainState
 
 if TYPE_CHECKING:
@@ -25,7 +26,14 @@ __all__ = ["check_first_batch", "sanity_validate"]
 
 def _input_keys(trainer: SSSTrainer) -> Any:
     # A module that reads other input keys names them in `input_keys` (None: a batch format of its own).
-    return getattr(trainer.module, "input_keys", INPUT_KEYS)
+    # One with a forward of its own reads the keys it chose (batch["x"]): unless it named them, none of
+    # ours is required, and the keys it shares with the contract ("label", ...) are still checked.
+    module = trainer.module
+    keys = getattr(module, "input_keys", INPUT_KEYS)
+    own_forward = isinstance(module, LitModule) and type(module).forward is not LitModule.forward
+    if own_forward and keys is not None and "_input_keys" not in vars(module):
+        return ()
+    return keys
 
 
 def check_first_batch(trainer: SSSTrainer) -> None:

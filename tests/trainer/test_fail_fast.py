@@ -290,3 +290,33 @@ def test_two_processes_all_run_the_sanity_validation_and_train_the_same(tmp_path
         assert result["rank"] == rank
         assert result[2] == result[9] == (True, True)  # weights and metrics equal to the run without it
         assert result["crash_step"] == 0
+
+
+def test_a_module_with_its_own_forward_and_batch_keys_is_not_asked_for_image_or_audio():
+    # A custom forward reads the keys it chose (batch["x"]); the keys it shares with the contract
+    # are still checked: an integer "labels" is refused all the same.
+    import torch.nn.functional as F
+    from torch import nn
+
+    from sss import LitModule, SSSTrainer
+
+    class Own(LitModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 2)
+
+        def forward(self, batch):
+            return self.net(batch["x"])
+
+        def compute_loss(self, outputs, batch):
+            return F.cross_entropy(outputs, batch["label"])
+
+    rows = [{"x": torch.randn(4), "label": i % 2} for i in range(8)]
+    trainer = SSSTrainer(max_steps=2, mixed_precision="no")
+    trainer.fit(Own(), train_dataloaders=torch.utils.data.DataLoader(rows, batch_size=4))
+    assert trainer.state.global_step == 2
+    bad = [{"x": torch.randn(4), "label": i % 2, "labels": i % 2} for i in range(8)]
+    with pytest.raises(Exception, match="'labels' means multi-hot float"):
+        SSSTrainer(max_steps=2, mixed_precision="no").fit(
+            Own(), train_dataloaders=torch.utils.data.DataLoader(bad, batch_size=4)
+        )
