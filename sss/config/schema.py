@@ -221,8 +221,8 @@ class TrainerConfig:
             "trainer.output_dir is empty: name a folder, or leave it null for runs/<name>",
         )
         require(
-            bool(str(self.resume).strip()),
-            "trainer.resume is empty: never, auto, or the path of a checkpoint",
+            isinstance(self.resume, str) and bool(self.resume.strip()),
+            f"trainer.resume must be never, auto, or the path of a checkpoint, got {self.resume!r}",
         )
         require(
             self.rendezvous_timeout > 0,

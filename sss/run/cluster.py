@@ -177,8 +177,9 @@ def launch(
     """Run ``accelerate launch ARGS TARGET`` for this machine (ARGS from `source`); return the exit code to end with.
 
     `source` is ``slurm`` (`slurm_launch_args`), ``env`` (`env_launch_args`) or ``auto`` (slurm inside a SLURM
-    job). The launcher runs in this process, which passes a SIGUSR1 on to the training processes (torchrun
-    starts each in a session of its own, out of reach of a signal to this one's process group). When a training
+    job). The launcher runs in this process, which passes a SIGUSR1 (and, for one process, a SIGTERM: a pod's
+    eviction reaches its first process only) on to the training processes (torchrun starts each in a session of
+    its own, out of reach of a signal to this one's process group; it passes SIGTERM on itself). When a training
     process stopped on SIGUSR1 (saved; or killed by it before training began) the code is `REQUEUE_EXIT_CODE`;
     otherwise the first failed process's own code (128 + N for signal N). A machine that did not meet the others
     within `rendezvous_timeout` is a `ClusterError` that says what to check. `env` (default ``os.environ``) is
@@ -197,22 +198,32 @@ def launch(
     args = find(env, rendezvous_timeout=rendezvous_timeout)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     print(f"sss: accelerate launch {shlex.join([*args, *target])}", flush=True)
     parsed = launch_command_parser().parse_args([*args, *target])
-    previous = signal.signal(signal.SIGUSR1, _forward_to_children) if hasattr(signal, "SIGUSR1") else None
+    if parsed.machine_rank > 0:  # machine 0's launcher serves the rendezvous: wait for it without torch's noise
+        unreachable = _unreachable(
+            parsed.main_process_ip, parsed.main_process_port, time.monotonic() + rendezvous_timeout
+        )
+        if unreachable is not None:
+            raise ClusterError(_machine_rendezvous_failed(args, rendezvous_timeout, unreachable))
+    forwarded = [getattr(signal, name) for name in ("SIGUSR1", "SIGTERM") if hasattr(signal, name)]
+    previous = {signum: signal.signal(signum, _forward_to_children) for signum in forwarded}
     try:
         launch_command(parsed)
     except subprocess.CalledProcessError as exc:  # one process: Accelerate's plain launcher
         return _exit_code([exc.returncode])
     except ChildFailedError as exc:  # torchrun
         return _exit_code([failure.exitcode for failure in exc.failures.values()])
+    except SignalException as exc:  # torchrun's agent got SIGTERM (a pod's eviction, scancel) and passed it on
+        return 128 + int(exc.sigval)
     except DistError as exc:  # torchrun's rendezvous of the machines, before any training process started
         raise ClusterError(_machine_rendezvous_failed(args, rendezvous_timeout, exc)) from None
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGUSR1, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
 
 
@@ -236,7 +247,7 @@ def _machine_rendezvous_failed(args: list[str], timeout: float, exc: BaseExcepti
     value = dict(itertools.pairwise(args))  # each flag -> the word after it
     machines, rank = value["--num_machines"], value["--machine_rank"]
     address, port = value["--main_process_ip"], value["--main_process_port"]
-    first = (str(exc).strip().splitlines() or [""])[0]
+    first = (str(exc).strip().splitlines() or [""])[0].rstrip(".")
     return (
         f"machine rendezvous: machine {rank} of {machines} did not meet the others at {address}:{port} within "
         f"{timeout:g} s ({first}). {_CHECK.format(port=port)}; --rendezvous-timeout S sets the wait"
@@ -297,8 +308,12 @@ def _check_in(rank: int, world: int, address: str, port: int, timeout: float, en
     check = _CHECK.format(port=port)
     deadline = time.monotonic() + timeout
     serve = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # else torchrun's agent serves it
-    if not serve:
-        _wait_for_port(address, port, deadline, f"{who} could not reach the master (rank 0) at", timeout, check)
+    unreachable = None if serve else _unreachable(address, port, deadline)
+    if unreachable is not None:
+        raise RendezvousError(
+            f"{who} could not reach the master (rank 0) at {address}:{port} within {timeout:g} s "
+            f"(trainer.rendezvous_timeout; last: {unreachable}). {check}; rank 0's own error, if it started, says more."
+        )
     try:
         store = TCPStore(
             address,
@@ -320,14 +335,26 @@ def _check_in(rank: int, world: int, address: str, port: int, timeout: float, en
             f"{who} could not join the master's store at {address}:{port} ({first}). {check}."
         ) from None
     prefix = f"sss/preflight/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    seen: list[int] = []
+    verdict, told = f"{prefix}verdict", f"{prefix}told"
     try:
         store.set(f"{prefix}{rank}", socket.gethostname())
         arrived = store.add(f"{prefix}count", 1)
         while arrived < world:
+            if store.check([verdict]):  # rank 0 gave up: its view, for every process alike
+                seen, missing = store.get(verdict).decode().split(" ")
+                store.add(told, 1)
+                raise RendezvousError(
+                    f"{who}: rank 0 waited its trainer.rendezvous_timeout at {address}:{port} and saw rank(s) {seen}; "
+                    f"missing: {missing}. {check}."
+                )
             if time.monotonic() >= deadline:
                 seen = [r for r in range(world) if store.check([f"{prefix}{r}"])]
-                missing = [r for r in range(world) if r not in seen]
+                missing = sorted(set(range(world)) - set(seen))
+                if rank == 0:  # tell the others, and let them read it before this store may close
+                    store.set(verdict, f"{_ranks(seen)} {_ranks(missing)}")
+                    until = time.monotonic() + 3
+                    while store.add(told, 0) < len(seen) - 1 and time.monotonic() < until:
+                        time.sleep(0.05)
                 raise RendezvousError(
                     f"{who} waited {timeout:g} s (trainer.rendezvous_timeout) at {address}:{port} and saw rank(s) "
                     f"{_ranks(seen)}; missing: {_ranks(missing)}. {check}; a process that failed before it "
@@ -338,24 +365,22 @@ def _check_in(rank: int, world: int, address: str, port: int, timeout: float, en
     except DistError as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise RendezvousError(
-            f"{who} lost the master's store at {address}:{port} ({first}): rank 0 gave up waiting or failed, and "
-            f"its error says why. {check}."
+            f"{who} lost the master's store at {address}:{port} ({first}): rank 0 failed, and its error says why. "
+            f"{check}."
         ) from None
     return store
 
 
-def _wait_for_port(address: str, port: int, deadline: float, what: str, timeout: float, check: str) -> None:
-    # A plain connection first: TCPStore's own retries print a C++ stack per attempt.
+def _unreachable(address: str, port: int, deadline: float) -> OSError | None:
+    # Why address:port took no connection until the deadline; None once it does. A plain connection:
+    # TCPStore's own retries print a C++ stack trace per attempt.
     while True:
         try:
             socket.create_connection((address, port), timeout=1).close()
-            return
+            return None
         except OSError as exc:
             if time.monotonic() >= deadline:
-                raise RendezvousError(
-                    f"{what} {address}:{port} within {timeout:g} s (trainer.rendezvous_timeout; last: {exc}). "
-                    f"{check}; rank 0's own error, if it started, says more."
-                ) from None
+                return exc
             time.sleep(0.2)
 
 

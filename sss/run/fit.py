@@ -45,8 +45,8 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     (``.sss.lock``) for the whole run.
     """
     wall_start = time.perf_counter()
-    if resume is None and cfg.trainer.resume != "never":
-        resume = cfg.trainer.resume  # `auto` or a path; the --resume flag, when given, wins over the key
+    resume = cfg.trainer.resume if resume is None else resume  # the --resume flag, when given, wins over the key
+    resume = None if resume == "never" else resume
     state = process_state(cfg)  # after every process of a launched run met the others (trainer.rendezvous_timeout)
     cfg.trainer.output_dir, lock = _output_dir(cfg, resume, state)
     with lock:

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from sss.checkpoint import complete_checkpoints
 from sss.cli import main
 from sss.config import ConfigError
+from sss.run.launch import launch_command
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"  # fit_pause.py: the Pause callback and a model with dropout
 CONFIG = """\
@@ -27,9 +28,8 @@ model: {_target_: fit_pause.DropoutBoring}
 data: {_target_: sss.testing.BoringDataModule, n_train: 32, n_val: 8, batch_size: 4}
 trainer:
   max_steps: 12
-  mixed_precision: "no"
   gradient_accumulation_steps: 2
-  log: {progress: false, trackers: []}
+  log: {progress: false, trackers: [], plots: false}
   checkpoint: {every_n_steps: 2, keep_last: 2}
 """
 ENV = {**os.environ, "MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS)}
@@ -56,8 +56,8 @@ def test_auto_starts_fresh_then_continues_the_default_folder_itself(capsys):
     assert "(resuming runs/auto/checkpoints/step_0000004)" in out
     assert json.loads(Path("runs/auto/results.json").read_text())["global_step"] == 8
     assert not Path("runs/auto_1").exists()
-    # without auto, a fresh run moves on as before
-    assert _fit("trainer.max_steps=2") == 0
+    # without auto, a fresh run moves on as before; the flag wins over the key
+    assert _fit("trainer.resume=auto", "--resume", "never", "trainer.max_steps=2") == 0
     assert Path("runs/auto_1/results.json").is_file()
 
 
@@ -102,10 +102,11 @@ def test_auto_keeps_the_refusal_of_a_changed_math_field(capsys):
 def _start(cwd: Path, nproc: int, *words: str) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     (cwd / "run.yaml").write_text(CONFIG)
-    command = [sys.executable, "-m", "sss", "fit", "run.yaml", "--resume", "auto", *words]
-    command += ["--num-processes", str(nproc)] if nproc > 1 else []
+    fit = ["-m", "sss", "fit", "run.yaml", "--resume", "auto", *words]
+    command = [sys.executable, *fit] if nproc == 1 else launch_command(nproc, fit)  # accelerate launch -m sss fit
+    env = {**ENV, "HF_HOME": str(cwd / "hf")}  # no Accelerate config file of the developer's
     log = (cwd / "output.txt").open("ab")
-    return subprocess.Popen(command, cwd=cwd, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _output(cwd: Path) -> str:
