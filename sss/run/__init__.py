@@ -5,6 +5,7 @@
 - `sss.run.evaluate`: ``sss validate`` / ``sss test``.
 - `sss.run.export`: ``sss export``; `sss.run.predict`: ``sss predict``.
 - `sss.run.launch`: where the process count, precision and accumulation come from; relaunching.
+- `sss.run.cluster`: launch arguments from a SLURM / Kubernetes / SkyPilot environment (`python -m sss.run.cluster`).
 - `sss.run.notebook`: `notebook_fit`, ``sss fit`` from a notebook.
 
 ``sss/cli.py`` parses the command line and calls these; the library parts they use

@@ -123,10 +123,10 @@ def _refuse_finished_run(out: Path, ckpt: Path, cfg: SSSConfig) -> None:
     t, reached, longer = cfg.trainer, [], []
     if t.max_steps is not None and meta["global_step"] >= t.max_steps:
         reached.append(f"trainer.max_steps={t.max_steps} reached at step {meta['global_step']}")
-        longer.append(f"trainer.max_steps={2 * t.max_steps}")
+        longer.append(f"trainer.max_steps={2 * max(t.max_steps, meta['global_step'])}")  # beyond the checkpoint
     if t.max_epochs is not None and meta["resume_epoch"] >= t.max_epochs:
         reached.append(f"trainer.max_epochs={t.max_epochs} completed")
-        longer.append(f"trainer.max_epochs={2 * t.max_epochs}")
+        longer.append(f"trainer.max_epochs={2 * max(t.max_epochs, meta['resume_epoch'])}")
     if reached:
         raise SystemExit(
             f"error: --resume: {out} is a finished run: {ckpt} is at its end ({'; '.join(reached)}) and {results} "

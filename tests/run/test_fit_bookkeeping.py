@@ -169,3 +169,19 @@ def test_the_code_commit_is_silently_absent_without_git(monkeypatch):
 
     monkeypatch.setattr(fit.subprocess, "run", no_git)
     assert fit._code_commit() is None
+
+
+def test_a_finished_run_with_a_lowered_limit_is_told_a_limit_beyond_its_checkpoint(tmp_path):
+    # The suggestion must train longer than the checkpoint got, not twice a limit lowered below it.
+    import json
+
+    from sss.config import load_config
+    from sss.run.fit import _refuse_finished_run
+
+    ckpt = tmp_path / "checkpoints" / "step_0000008"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 8, "resume_epoch": 1}))
+    (tmp_path / "results.json").write_text("{}")
+    cfg = load_config(None, ["trainer.max_steps=4", "trainer.max_epochs=null"])
+    with pytest.raises(SystemExit, match=r"trainer\.max_steps=16 --resume"):
+        _refuse_finished_run(tmp_path, ckpt, cfg)
