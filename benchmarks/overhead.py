@@ -6,6 +6,7 @@ and the largest parameter difference after the last round (0 means bit-equal).
 
     python benchmarks/overhead.py                      # tiny MLP
     python benchmarks/overhead.py --model hunter_small # the default Hunter model (batch 32)
+    python benchmarks/overhead.py --split              # also the per-step µs of each phase, both loops
 
 glibc's malloc thresholds change page-fault counts between otherwise equal loops
 (measured here: 3x); fix them for comparable figures, as benchmarks/RESULTS.md does:
@@ -132,12 +133,129 @@ def run_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> floa
     return clock.seconds
 
 
+class Timer:
+    """Seconds spent in wrapped calls, by phase: the split of ``--split`` (no callback: events are a phase)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, phase: str, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+        return timed
+
+    def batches(self, phase: str, iterable):
+        iterator = iter(iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+            yield item
+
+
+def split_plain(module: LitModule, loader: DataLoader) -> dict[str, float]:
+    """The plain loop's seconds per phase: data fetch, forward+backward, optimizer step (with zero_grad)."""
+    from accelerate.utils import set_seed
+
+    set_seed(SEED)
+    optimizer, timer = optimizer_for(module), Timer()
+    module.train()
+    start = time.perf_counter()
+    for batch in timer.batches("data fetch", loader):
+        t0 = time.perf_counter()
+        module.compute_loss(module(batch), batch).backward()
+        t1 = time.perf_counter()
+        optimizer.step()
+        t2 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        for phase, seconds in (("forward+backward", t1 - t0), ("optimizer step", t2 - t1), ("zero_grad", t3 - t2)):
+            timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
+    timer.seconds["total"] = time.perf_counter() - start
+    return timer.seconds
+
+
+def split_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> dict[str, float]:
+    """`SSSTrainer`'s seconds per phase, timed by wrapping its methods on the instance (no callback).
+
+    data fetch: the prepared loader (device placement, look-ahead) and the DataLoader; forward+backward:
+    ``training_step`` through the prepared model and ``accelerator.backward``; optimizer step: the
+    torch optimizer's own ``step``; Accelerate wrappers: ``AcceleratedOptimizer.step`` around it;
+    callbacks/events: ``_fire``; the rest of the loop (``accumulate``, ``unscale_gradients``,
+    ``zero_grad``, counters) is the total minus those.
+    """
+    module.configure_optimizers = lambda: optimizer_for(module)
+    trainer, timer = SSSTrainer(**trainer_kwargs), Timer()
+    epoch_batches, setup = trainer._epoch_batches, trainer._setup_fit
+    trainer._epoch_batches = lambda loader, start: timer.batches("data fetch", epoch_batches(loader, start))
+    trainer._forward_backward = timer.wrap("forward+backward", trainer._forward_backward)
+    trainer._fire = timer.wrap("callbacks/events", trainer._fire)
+    trainer._train_epoch = timer.wrap("total", trainer._train_epoch)
+
+    def setup_fit(*args):
+        loaders = setup(*args)
+        inner = trainer.optimizer.optimizer
+        inner.step = timer.wrap("optimizer step", inner.step)
+        trainer.optimizer.step = timer.wrap("optimizer + Accelerate wrapper", trainer.optimizer.step)
+        return loaders
+
+    trainer._setup_fit = setup_fit
+    trainer._check_gradients = timer.wrap("first-step checks", trainer._check_gradients)
+    import sss.trainer._accelerate_compat as compat
+
+    zero_grad = compat.zero_grad
+    compat.zero_grad = timer.wrap("zero_grad", zero_grad)
+    try:
+        trainer.fit(module, train_dataloaders=loader)
+    finally:
+        compat.zero_grad = zero_grad
+    seconds = dict(timer.seconds)
+    seconds["Accelerate optimizer wrapper"] = seconds.pop("optimizer + Accelerate wrapper") - seconds["optimizer step"]
+    return seconds
+
+
+def print_split(plain: list[dict[str, float]], ours: list[dict[str, float]], steps: int) -> None:
+    """The median µs per step of each phase, both loops side by side."""
+    phases = [
+        "data fetch",
+        "forward+backward",
+        "optimizer step",
+        "Accelerate optimizer wrapper",
+        "zero_grad",
+        "callbacks/events",
+        "first-step checks",
+    ]
+    print(f"\nper-step split (µs, median over {len(plain)} rounds; wrapping adds ~0.2 µs per timed call)")
+    print(f"{'phase':<42} {'plain':>9} {'SSSTrainer':>11}")
+
+    def median(rows, phase):
+        return statistics.median(row.get(phase, 0.0) for row in rows) / steps * 1e6
+
+    for phase in phases:
+        print(f"{phase:<42} {median(plain, phase):>9.1f} {median(ours, phase):>11.1f}")
+    rest = [row["total"] - sum(row.get(p, 0.0) for p in phases) for row in ours]
+    plain_rest = [row["total"] - sum(row.get(p, 0.0) for p in phases) for row in plain]
+    label, per_step = "rest (accumulate, unscale, counters)", 1e6 / steps
+    print(f"{label:<42} {statistics.median(plain_rest) * per_step:>9.1f} {statistics.median(rest) * per_step:>11.1f}")
+    print(f"{'total':<42} {median(plain, 'total'):>9.1f} {median(ours, 'total'):>11.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", help="mlp, or a registered model name such as hunter_small")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", action="store_true", help="also time each phase of a step, in extra rounds")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -171,6 +289,13 @@ def main() -> None:
     print(f"SSSTrainer                  : {s:.3f} ms/step (median)")
     print(f"SSSTrainer overhead         : {s - p:+.3f} ms/step, ratio {s / p:.3f}")
     print(f"max |param diff| sss-plain  : {diff:.3g}")
+    if args.split:  # separate rounds: the timing wrappers must not touch the figures above
+        plain_split, sss_split = [], []
+        for _ in range(args.rounds):
+            plain_split.append(split_plain(copy.deepcopy(initial), DataLoader(dataset, batch_size=batch_size)))
+            loader = DataLoader(dataset, batch_size=batch_size)
+            sss_split.append(split_sss(copy.deepcopy(initial), loader, trainer_kwargs))
+        print_split(plain_split, sss_split, args.steps)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ __all__ = [
     "newest_verified",
     "recover_leftovers",
     "remove_checkpoint",
+    "resize_history",
+    "resized_resume_batch",
     "rng_file",
+    "seed_missing_rng",
     "set_rng_state",
     "verify_checkpoint",
     "write_marker",
@@ -74,10 +77,12 @@ _NEUTRAL = (
     "callbacks",
     "trainer.output_dir",
     "trainer.resume",
+    "trainer.resume_resize",
     "trainer.rendezvous_timeout",
     "trainer.log.",
     "trainer.checkpoint.",
     "trainer.val_every_n_epochs",
+    "trainer.val_every_n_steps",  # step validations restore the RNG: the training math is the same
     "trainer.find_unused_parameters",
     "trainer.cpu",
     "data.pin_memory",
@@ -393,6 +398,83 @@ def check_rng_restored(checkpoint: Path, process_index: int) -> None:
 def _as_tuples(value: Any) -> Any:
     # random.getstate() is nested tuples; a pickle round trip keeps them, a list would not compare equal
     return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+# ---------------------------------------------------------------------- resuming on another process count
+def resized_resume_batch(resume_batch: int, saved_processes: int, processes: int, split_batches: bool = False) -> int:
+    """The per-process batch to resume at on `processes` processes, for a checkpoint of `saved_processes`.
+
+    Accelerate shards a prepared loader by handing the underlying batch sampler's batches round-robin
+    to the processes (``BatchSamplerShard``, ``split_batches=False``): after ``resume_batch`` batches
+    each, ``resume_batch * saved_processes`` underlying batches of the epoch were served, and the
+    seedable sampler's order is the same on any process count. The new count skips that many
+    underlying batches, rounded down to a whole number per process: when it does not divide, fewer
+    than `processes` underlying batches (less than one global batch of the resumed run) are served
+    again; none is ever skipped. With ``split_batches=True`` every process takes a slice of each
+    underlying batch, so the count carries over unchanged.
+
+    Example:
+        >>> resized_resume_batch(3, saved_processes=2, processes=1)  # 6 batches were served: skip 6
+        6
+        >>> resized_resume_batch(4, saved_processes=1, processes=2)  # 4 batches were served: 2 each
+        2
+        >>> resized_resume_batch(3, saved_processes=1, processes=2)  # 3 served: 2 skipped, batch 2 again
+        1
+    """
+    if split_batches:
+        return resume_batch
+    return resume_batch * saved_processes // processes
+
+
+def seed_missing_rng(checkpoint: Path, process_index: int) -> int:
+    """Seed the RNG of a process the checkpoint has no RNG file for; return the saved Accelerate step.
+
+    A checkpoint written by fewer processes than resume it holds no ``random_states_{rank}.pkl``
+    for the new ranks (Accelerate's ``load_state`` logs that at info level and goes on). Their
+    Python, NumPy and torch (CPU and CUDA) generators are seeded from the saved process 0 state and
+    the rank (a SHA-256 of both), so a resized resume is repeatable and its ranks draw different
+    streams (dropout, augmentation). Accelerate's step counter, also in that file, is process 0's.
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> torch.save({"step": 8, "torch_manual_seed": torch.get_rng_state()}, folder / rng_file(0))
+        >>> step = seed_missing_rng(folder, 1); first = torch.rand(1)
+        >>> _ = seed_missing_rng(folder, 1); step, torch.equal(first, torch.rand(1))  # repeatable
+        (8, True)
+    """
+    import random
+
+    import numpy as np
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS
+
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        saved = torch.load(checkpoint / rng_file(0), map_location="cpu", weights_only=True)
+    digest = hashlib.sha256(saved["torch_manual_seed"].numpy().tobytes() + process_index.to_bytes(8, "little"))
+    seed = int.from_bytes(digest.digest()[:4], "little")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # the CUDA generators too
+    return int(saved.get("step", 0))
+
+
+def resize_history(meta: dict[str, Any], num_processes: int) -> list[dict[str, int]]:
+    """The process-count changes of a run resumed from a checkpoint with marker `meta` on `num_processes`.
+
+    The checkpoint's own ``resized_from`` list, plus this resume when its count differs: one
+    ``{"num_processes", "global_step"}`` (the count that wrote the checkpoint, and its step) each.
+
+    Example:
+        >>> resize_history({"num_processes": 2, "global_step": 4}, 1)
+        [{'num_processes': 2, 'global_step': 4}]
+        >>> resize_history({"num_processes": 2, "global_step": 4}, 2)
+        []
+    """
+    history = [dict(entry) for entry in meta.get("resized_from", [])]
+    saved = int(meta.get("num_processes", 1))
+    if saved != num_processes:
+        history.append({"num_processes": saved, "global_step": int(meta["global_step"])})
+    return history
 
 
 def check_no_code_on_load(folder: Path) -> None:

@@ -30,6 +30,11 @@ def fit(
     gradient_accumulation_steps: int | None = None,
     config_file: str | None = None,
     debug: bool = False,
+    profile: bool = False,
+    engine: str = "accelerate",
+    num_workers: int | None = None,
+    ray_address: str | None = None,
+    max_failures: int | None = None,
 ) -> int:
     """Train the model of CONFIG; print a results table and write OUTPUT_DIR/results.json."""
     sources: dict[str, str] = {}
@@ -37,6 +42,8 @@ def fit(
     if cfg is None:
         return EXIT_CONFIG
     _RUN["config"] = cfg  # its output folder, for the message of a full disk or a Ctrl-C
+    if cfg.trainer.deterministic:  # cuBLAS reads it once, at its first call: before anything touches CUDA
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     flags = {
         "num_processes": num_processes,
         "mixed_precision": mixed_precision,
@@ -51,12 +58,21 @@ def fit(
         raise
     except (TypeError, ValueError) as exc:  # a value of Accelerate's config file that is no number, say
         raise ConfigError(f"{config_file or 'the Accelerate config file'}: {exc}") from exc
+    if profile:  # a short torch.profiler window: a trace, TensorBoard's profile files and a summary
+        cfg.callbacks = [*cfg.callbacks, {"_target_": "sss.callbacks.Profiler"}]
+    if engine == "ray":  # Ray Train's workers run this same fit; Ray, not the process count above, starts them
+        from sss.run.ray_train import fit_with_ray
+
+        assert num_workers is not None  # _check_engine_flags asked for it
+        fit_with_ray(cfg, num_workers, address=ray_address, max_failures=max_failures or 0, resume=resume)
+        return 0
     if processes > 1 and "LOCAL_RANK" not in os.environ:
         resolved = [
             f"trainer.mixed_precision={cfg.trainer.mixed_precision}",
             f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
         ]
         extra = (["--resume", resume] if resume else []) + (["--debug"] if debug else [])
+        extra += ["--profile"] if profile else []
         return relaunch(processes, ["fit", config, *overrides, *resolved, *extra])
     from sss.run.fit import run_fit
 
@@ -134,6 +150,7 @@ def predict(
     output: str,
     batch_size: int = 32,
     trust_code: bool = False,
+    runtime: str = "torch",
 ) -> int:
     """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest.
 
@@ -144,19 +161,39 @@ def predict(
     from sss.run.predict import predict as run_predict
 
     # A folder naming code outside sss raises UntrustedCodeError (exit 2) before anything is imported.
-    path = run_predict(model_dir, input, output, batch_size=batch_size, trust_code=trust_code, overrides=overrides)
+    path = run_predict(
+        model_dir, input, output, batch_size=batch_size, trust_code=trust_code, overrides=overrides, runtime=runtime
+    )
     print(f"wrote {path}")
     return 0
 
 
-def export(config: str | None, out: str, overrides: list[str], ckpt: str, trust_code: bool = False) -> int:
+def export(
+    config: str | None,
+    out: str,
+    overrides: list[str],
+    ckpt: str | None = None,
+    trust_code: bool = False,
+    format: str = "safetensors",
+) -> int:
     """Write the portable model folder (model.safetensors, config.yaml, README.md) of checkpoint CKPT to OUT.
 
     Without CONFIG, the config stored in the checkpoint (trainer_state.json) is used, with the overrides merged over it.
+    --format onnx adds model.onnx (onnxruntime; docs/deploy.md); so does `sss export MODEL_DIR OUT --format onnx`.
     """
-    if Path(out).is_file() or Path(out).suffix in (".yaml", ".yml"):
-        from sss.config import ConfigError
+    from sss.config import ConfigError
 
+    if ckpt is None:  # sss export MODEL_DIR OUT --format onnx: the ONNX folder of a model folder
+        if config is None or not Path(config).is_dir() or format != "onnx" or overrides:
+            raise ConfigError(
+                "sss export needs --ckpt PATH (sss export [CONFIG] OUT --ckpt PATH [--format onnx]), or a model "
+                "folder and --format onnx without overrides (sss export MODEL_DIR OUT --format onnx)"
+            )
+        from sss.model_folder import export_onnx
+
+        print(f"wrote {export_onnx(config, out, trust_code=trust_code)}")
+        return 0
+    if Path(out).is_file() or Path(out).suffix in (".yaml", ".yml"):
         raise ConfigError(
             f"sss export: OUT {out} looks like a config file, not the folder to write: "
             "sss export [CONFIG] OUT --ckpt PATH"
@@ -166,7 +203,7 @@ def export(config: str | None, out: str, overrides: list[str], ckpt: str, trust_
         return EXIT_CONFIG
     from sss.run.export import export_checkpoint
 
-    folder = export_checkpoint(cfg, ckpt, out)
+    folder = export_checkpoint(cfg, ckpt, out, format=format)
     print(f"wrote {folder}")
     return 0
 
@@ -244,6 +281,7 @@ def data(
     image_size: int = 64,
     sample_rate: int = 16000,
     clip_seconds: float = 1.0,
+    task: str = "default",
 ) -> int:
     """``sss data make industrial OUT``: write the synthetic industrial dataset (train/val/test) to OUT."""
     if action != "make" or kind != "industrial":
@@ -262,8 +300,71 @@ def data(
         image_size=image_size,
         sample_rate=sample_rate,
         clip_seconds=clip_seconds,
+        task=task,
     )
     print(f"wrote {path}")
+    return 0
+
+
+def tune(
+    what: str,
+    config: str,
+    overrides: list[str],
+    steps: int = 100,
+    min_lr: float = 1e-7,
+    max_lr: float = 1.0,
+    apply: bool = False,
+    num_processes: int | None = None,
+    mixed_precision: str | None = None,
+    gradient_accumulation_steps: int | None = None,
+    config_file: str | None = None,
+) -> int:
+    """``sss tune lr CONFIG``: the LR range test on a copy of the run; prints the suggested lr and a curve.
+
+    The LR grows geometrically from --min-lr to --max-lr over --steps optimizer steps of the run's own
+    data (cycled when shorter), stopping once the loss diverges; the suggestion is the LR of the
+    steepest loss descent. Writes OUTPUT_DIR/tune/lr_find.png and lr_find.json (numbered on, never
+    over a file). --apply prints the ready `sss fit` command line with the suggestion; the YAML is not edited.
+    """
+    if what != "lr":
+        print("error: the tune command knows: sss tune lr CONFIG [key=value ...]", file=sys.stderr)
+        return EXIT_CONFIG
+    sources: dict[str, str] = {}
+    cfg = _load_checked(config, overrides, sources)
+    if cfg is None:
+        return EXIT_CONFIG
+    from sss.run.launch import apply_launch_settings, relaunch
+
+    flags = {
+        "num_processes": num_processes,
+        "mixed_precision": mixed_precision,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+    }
+    processes = apply_launch_settings(cfg, sources, flags, config_file, debug=False)
+    if processes > 1 and "LOCAL_RANK" not in os.environ:
+        resolved = [
+            f"trainer.mixed_precision={cfg.trainer.mixed_precision}",
+            f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
+        ]
+        ranges = ["--steps", str(steps), "--min-lr", str(min_lr), "--max-lr", str(max_lr)]
+        return relaunch(processes, ["tune", "lr", config, *overrides, *resolved, *ranges, *(["--apply"] * apply)])
+    from sss.run.tune import LR_KEY, lr_find, sparkline, write_result
+
+    result = lr_find(cfg, steps=steps, min_lr=min_lr, max_lr=max_lr)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    json_path, png_path = write_result(result, Path(cfg.trainer.output_dir) / "tune")
+    print(f"lr range test: {len(result.lrs)} steps, lr {result.lrs[0]:.2e} .. {result.lrs[-1]:.2e}")
+    print(f"  {result.lrs[0]:.0e} {sparkline(result.lrs, result.losses)} {result.lrs[-1]:.0e}")
+    print(f"curve: {png_path} and {json_path}")
+    if result.suggestion is None:
+        print("no suggestion: " + " ".join(result.notes), file=sys.stderr)
+        return 1
+    override = f"{LR_KEY}={result.suggestion:.2e}"
+    print(f"suggested lr: {result.suggestion:.2e} (steepest descent of the smoothed loss); use {override}")
+    if apply:
+        kept = [o for o in overrides if not o.startswith(f"{LR_KEY}=")]
+        print("sss fit " + " ".join([config, *kept, override]))
     return 0
 
 
@@ -276,6 +377,7 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "export": export,
     "predict": predict,
     "data": data,
+    "tune": tune,
 }
 
 POSITIONALS: dict[str, tuple[str, ...]] = {
@@ -286,6 +388,7 @@ POSITIONALS: dict[str, tuple[str, ...]] = {
     "test": ("config?",),
     "export": ("config?", "out"),
     "predict": ("model_dir",),
+    "tune": ("what", "config"),
 }
 """The words (not ``key=value``) each command takes, in order; ``?``: may be left out (then it is None).
 Every other word with ``=`` is an override; the commands not listed take none."""
@@ -296,9 +399,11 @@ USAGE = {
     "config": "sss config CONFIG [key=value ...]",
     "validate": "sss validate [CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]",
     "test": "sss test [CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]",
-    "export": "sss export [CONFIG] OUT --ckpt PATH [key=value ...] [--trust-code]",
+    "export": "sss export [CONFIG] OUT --ckpt PATH [key=value ...] [--trust-code] [--format onnx] | "
+    "sss export MODEL_DIR OUT --format onnx",
     "predict": "sss predict MODEL_DIR --input MANIFEST --output CSV [model.KEY=VALUE ...] "
-    "[data.allow_outside_root=true] [data.on_error=skip] [--trust-code]",
+    "[data.allow_outside_root=true] [data.on_error=skip] [--trust-code] [--runtime onnx]",
+    "tune": "sss tune lr CONFIG [key=value ...] [--steps N] [--min-lr A] [--max-lr B] [--apply] [--num-processes N]",
 }
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\[\]-]*=")
@@ -411,8 +516,18 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
     p.add_argument(
         "words", nargs="*", metavar="[CONFIG] OUT key=value", help=f"{stored}; OUT: a new or empty folder to write"
     )
-    p.add_argument("--ckpt", required=True, help="checkpoint folder, e.g. runs/industrial/checkpoints/step_0000375")
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        help="checkpoint folder, e.g. runs/industrial/checkpoints/step_0000375 (not with a MODEL_DIR --format onnx)",
+    )
     p.add_argument("--trust-code", action="store_true", help=trust)
+    p.add_argument(
+        "--format",
+        choices=["safetensors", "onnx"],
+        default="safetensors",
+        help="onnx: also write model.onnx (needs the onnx extra; docs/deploy.md)",
+    )
     p = _sub(sub, "predict", overrides)
     p.add_argument(
         "words",
@@ -424,10 +539,26 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="CSV to write (must not exist)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument(
+        "--runtime",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="onnx: run the folder's model.onnx with onnxruntime (sss export ... --format onnx; the onnx extra)",
+    )
+    p.add_argument(
         "--trust-code",
         action="store_true",
         help="build a model whose config.yaml names code outside sss (imports and runs it: trusted folders only)",
     )
+    p = _sub(sub, "tune", overrides)
+    p.add_argument("words", nargs="*", metavar="lr CONFIG key=value", help="lr, then CONFIG (YAML), then overrides")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps of the range test (default 100)")
+    p.add_argument("--min-lr", "--min_lr", type=float, default=1e-7, help="the first step's LR (default 1e-7)")
+    p.add_argument("--max-lr", "--max_lr", type=float, default=1.0, help="the last step's LR (default 1)")
+    p.add_argument("--apply", action="store_true", help="print the `sss fit` command line with the suggested lr")
+    p.add_argument("--num-processes", "--num_processes", type=int, default=None, help="run in N processes")
+    p.add_argument("--mixed-precision", "--mixed_precision", choices=["auto", "no", "fp16", "bf16"], default=None)
+    p.add_argument("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=None)
+    p.add_argument("--config-file", "--config_file", default=None, help="Accelerate config file")
     p = sub.add_parser("data", help=data.__doc__, description=data.__doc__)
     p.add_argument("action", choices=["make"])
     p.add_argument("kind", choices=["industrial"])
@@ -439,6 +570,12 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=64, help="image side in pixels")
     p.add_argument("--sample-rate", type=int, default=16000, help="audio sample rate in Hz")
     p.add_argument("--clip-seconds", type=float, default=1.0, help="audio clip length")
+    p.add_argument(
+        "--task",
+        choices=["default", "binding"],
+        default="default",
+        help="binding: the label is whether a moving shadow and a transient agree (both or neither)",
+    )
     return parser
 
 
@@ -463,7 +600,8 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
         const="latest",
         default=None,
         help="resume the newest checkpoint in OUTPUT_DIR that verifies (an error when there is none), the one at "
-        "PATH, or with `--resume auto` that one or a fresh start when there is none (trainer.resume: auto)",
+        "PATH, or with `--resume auto` that one or a fresh start when there is none (trainer.resume: auto); "
+        "`--resume hub://OWNER/REPO[@REVISION]` downloads the last-checkpoint/ that HubPush pushed there",
     )
     launch = p.add_argument_group(
         "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
@@ -481,6 +619,35 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
         "--debug",
         action="store_true",
         help="2 batches of training and validation in fp32, shapes printed, anomaly detection",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile a few optimizer steps with torch.profiler (sss.callbacks.Profiler): a Chrome/Perfetto trace "
+        "and TensorBoard profile files in OUTPUT_DIR/profile, and the top operators printed",
+    )
+    ray = p.add_argument_group("engine (docs/distributed.md#ray-train)")
+    ray.add_argument(
+        "--engine",
+        choices=["accelerate", "ray"],
+        default="accelerate",
+        help="accelerate: this process, or --num-processes N through Accelerate's launcher (the default); ray: "
+        "--num-workers N Ray Train workers, restarted after a failure and continued from OUTPUT_DIR's newest "
+        "checkpoint (pip install 'shadow-sound-hunter[ray]')",
+    )
+    ray.add_argument("--num-workers", "--num_workers", type=int, default=None, help="--engine ray: worker processes")
+    ray.add_argument(
+        "--ray-address",
+        "--ray_address",
+        default=None,
+        help="--engine ray: a running Ray cluster (auto, host:6379, ray://host:10001); default: a local instance",
+    )
+    ray.add_argument(
+        "--max-failures",
+        "--max_failures",
+        type=int,
+        default=None,
+        help="--engine ray: restarts of the worker group after a failure (default 0; -1: no limit)",
     )
 
 
@@ -605,6 +772,29 @@ def _check_flags(args: dict[str, Any]) -> None:
         value = args.get(name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    _check_engine_flags(args)
+
+
+def _check_engine_flags(args: dict[str, Any]) -> None:
+    from sss.config import ConfigError
+
+    names = ("num_workers", "ray_address", "max_failures")
+    ray_flags = [f"--{n.replace('_', '-')}" for n in names if args.get(n) is not None]
+    if args.get("engine", "accelerate") != "ray":
+        if ray_flags:
+            raise ConfigError(f"{' '.join(ray_flags)}: only with --engine ray (sss fit CONFIG --engine ray ...)")
+        return
+    if args.get("num_processes") is not None:
+        raise ConfigError(
+            "--engine ray starts its own worker processes: give --num-workers N instead of --num-processes "
+            f"{args['num_processes']} (or leave --engine ray off to launch through Accelerate)"
+        )
+    if args.get("num_workers") is None:
+        raise ConfigError("--engine ray needs --num-workers N: the Ray Train worker processes, one per GPU or CPU slot")
+    if args["num_workers"] < 1:
+        raise ConfigError(f"--num-workers must be >= 1, got {args['num_workers']}")
+    if args.get("max_failures") is not None and args["max_failures"] < -1:
+        raise ConfigError(f"--max-failures must be >= -1 (-1: restart without limit), got {args['max_failures']}")
 
 
 # ------------------------------------------------------------------ sss fit CONFIG --help: the parts' arguments
@@ -843,6 +1033,37 @@ def _unexpected(exc: BaseException) -> tuple[str, int]:
     return f"error: {type(exc).__name__}: {first} (unexpected: `sss --traceback ...` shows where it happened)", 1
 
 
+_NOT_DETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
+_CUBLAS = "because it uses CuBLAS"
+
+
+def _not_deterministic(exc: BaseException) -> bool:
+    return any(
+        isinstance(link, RuntimeError) and (_NOT_DETERMINISTIC.search(str(link)) or _CUBLAS in str(link))
+        for link in _chain(exc)
+    )
+
+
+def _nondeterministic_op(exc: BaseException) -> tuple[str, int]:
+    # torch's own message says "turn off determinism just for this operation" in C++ terms; say it in sss's.
+    text = next(str(link) for link in _chain(exc) if isinstance(link, RuntimeError))
+    if _CUBLAS in text:
+        return (
+            "error: trainer.deterministic=true: cuBLAS is not deterministic without CUBLAS_WORKSPACE_CONFIG, which "
+            "must be set before the first CUDA matmul: export CUBLAS_WORKSPACE_CONFIG=:4096:8 (sss fit sets it "
+            "itself; from Python, set it before anything runs on the GPU), or set trainer.deterministic=false",
+            1,
+        )
+    found = _NOT_DETERMINISTIC.search(text)
+    op = found[1] if found else "an operation"
+    return (
+        f"error: trainer.deterministic=true: {op} has no deterministic implementation on this device, so "
+        "torch.use_deterministic_algorithms refuses it: set trainer.deterministic=false, or replace the op in your "
+        "model with one that has (torch's list: the torch.use_deterministic_algorithms documentation)",
+        1,
+    )
+
+
 def _is_os(*codes: int) -> Callable[[BaseException], bool]:
     return lambda exc: isinstance(exc, OSError) and exc.errno in codes
 
@@ -855,6 +1076,7 @@ ERRORS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException], tu
     (_is_sss_error, lambda exc: (f"error: {exc}", getattr(exc, "exit_code", 1))),
     (_is_os(errno.EROFS, errno.EACCES, errno.EPERM), _not_allowed),
     (lambda exc: isinstance(exc, RuntimeError) and bool(_WRITE_FAILED.search(str(exc))), _write_failed),
+    (_not_deterministic, _nondeterministic_op),  # under trainer.deterministic=true
     # sss raises these with a message naming the path and the fix; the OS's own name the path too
     (lambda exc: isinstance(exc, (OSError, RuntimeError)), lambda exc: (f"error: {exc}", 1)),
     (lambda exc: True, _unexpected),

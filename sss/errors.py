@@ -1,7 +1,8 @@
 """`SSSError`: the base of the errors that sss raises for the user to fix, each with its exit code.
 
 A config problem (`sss.config.ConfigError`), a bad input file (`sss.data.DataError`) or a failed
-Hub push after a finished run (`HubPushError`) subclasses `SSSError`, so the ``sss`` command
+Hub push after a finished run (`HubPushError`) or a checkpoint a Hub resume cannot fetch
+(`HubResumeError`) subclasses `SSSError`, so the ``sss`` command
 prints its message as one ``error:`` line and exits with `SSSError.exit_code` instead of
 showing a traceback (``sss --traceback ...`` or ``SSS_DEBUG=1`` shows it).
 
@@ -10,7 +11,7 @@ This module imports nothing, so every layer of sss may use it.
 
 from __future__ import annotations
 
-__all__ = ["HubPushError", "SSSError"]
+__all__ = ["HubPushError", "HubResumeError", "SSSError"]
 
 
 class SSSError(Exception):
@@ -35,4 +36,16 @@ class HubPushError(SSSError):
     Example:
         >>> str(HubPushError("HubPush: 1 push(es) to me/model failed: ..."))
         'HubPush: 1 push(es) to me/model failed: ...'
+    """
+
+
+class HubResumeError(SSSError):
+    """``--resume hub://OWNER/REPO[@REVISION]`` found no checkpoint to download: no such repo or revision,
+    no ``last-checkpoint/`` in it, the Hub out of reach, or the download folder already there.
+
+    The message names the repo and what to do.
+
+    Example:
+        >>> HubResumeError("--resume hub://me/model: ...").exit_code
+        1
     """

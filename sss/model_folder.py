@@ -13,8 +13,9 @@ exported ``config.yaml`` and model card carry no absolute local paths (they beco
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -30,8 +31,10 @@ __all__ = [
     "SETTINGS",
     "WEIGHTS",
     "UntrustedCodeError",
+    "add_onnx",
     "check_model_folder",
     "export_model",
+    "export_onnx",
     "load_model",
     "load_trained_weights",
     "preprocessing",
@@ -104,12 +107,15 @@ def export_model(
     datamodule: Any = None,
     *,
     state_dict: Mapping[str, torch.Tensor] | None = None,
+    weights_source: str | None = None,
 ) -> Path:
     """Write the portable model folder for `module` (trained with `cfg`, on `datamodule`) to `folder`.
 
     The weights are `state_dict` when given, else ``module.state_dict()``. Under FSDP or DeepSpeed
     ZeRO-3 each process holds only a shard, so pass the full state dict that
     ``accelerator.get_state_dict(model)`` gathers (called on every process), as ``sss fit`` does.
+    `weights_source` says in the model card which weights these are when they are not the trained ones
+    (``"ema (decay 0.999)"``: the `sss.callbacks.EMA` average).
 
     Example:
         >>> import tempfile
@@ -131,13 +137,99 @@ def export_model(
     # Own contiguous copies: safetensors refuses tensors that share or view another's storage.
     weights = module.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
-    save_file(state, str(folder / WEIGHTS), metadata={"format": "pt", "sss_model": type(module).__name__})
+    meta = {"format": "pt", "sss_model": type(module).__name__}
+    if weights_source:
+        meta["sss_weights"] = weights_source
+    save_file(state, str(folder / WEIGHTS), metadata=meta)
     published, dropped = _without_local_paths(cfg)
     (folder / "config.yaml").write_text(_config_yaml(published, dropped))
     prep = preprocessing(datamodule) if datamodule is not None else {"classes": None, "task": None}
     (folder / PREPROCESSING).write_text(json.dumps(prep, indent=2))
-    (folder / "README.md").write_text(_model_card(module, cfg, published, dropped, metrics, prep))
+    (folder / "README.md").write_text(_model_card(module, cfg, published, dropped, metrics, prep, weights_source))
     return folder
+
+
+def export_onnx(model_dir: str | Path, out: str | Path, trust_code: bool = False) -> Path:
+    """Write to `out` the model folder `model_dir` plus its ``model.onnx`` (``sss export MODEL_DIR OUT --format onnx``).
+
+    The folder's files are copied (weights, ``config.yaml``, ``preprocessing.json``, model card) and
+    `add_onnx` adds the graph and its model card section. `out` must be new or empty; when the
+    export fails, what was written there is removed and `sss.onnx_export.OnnxExportError` says why.
+    Needs the ``onnx`` extra. `trust_code` as for `load_model`.
+
+    Example:
+        >>> export_onnx("no/such/model", "out")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: no/such/model is not an sss model folder: model.safetensors is missing ...
+    """
+    import shutil
+
+    model_dir, out = Path(model_dir), Path(out)
+    module = load_model(model_dir, trust_code=trust_code)
+    with fresh_folder(out):
+        for name in (WEIGHTS, "config.yaml", PREPROCESSING, "README.md"):
+            if (model_dir / name).is_file():
+                shutil.copyfile(model_dir / name, out / name)
+        add_onnx(module, out)
+    return out
+
+
+def add_onnx(module: torch.nn.Module, folder: str | Path) -> Path:
+    """Add ``model.onnx`` (`sss.onnx_export.write_onnx`, shapes from ``preprocessing.json``) and its model card part.
+
+    Example:
+        >>> add_onnx(torch.nn.Identity(), "no/such/folder")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: no/such/folder is not an sss model folder: preprocessing.json is missing ...
+    """
+    from sss.onnx_export import model_card_section, write_onnx
+
+    folder = Path(folder)
+    if not (folder / PREPROCESSING).is_file():
+        raise FileNotFoundError(
+            f"{folder} is not an sss model folder: {PREPROCESSING} is missing (write one with sss export or sss fit)"
+        )
+    found = write_onnx(module, folder, json.loads((folder / PREPROCESSING).read_text()))
+    card = folder / "README.md"
+    text = card.read_text().split("\n## ONNX\n")[0] if card.is_file() else ""
+    card.write_text(text.rstrip("\n") + "\n" + model_card_section(found))
+    return folder / "model.onnx"
+
+
+@contextlib.contextmanager
+def fresh_folder(out: str | Path) -> Iterator[Path]:
+    """Create `out` (it must be new or empty) for an export; when the export raises, remove what it wrote.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "m"
+        >>> try:
+        ...     with fresh_folder(out):
+        ...         _ = (out / "half.bin").write_text("x")
+        ...         raise RuntimeError("export failed")
+        ... except RuntimeError:
+        ...     pass
+        >>> out.exists()
+        False
+    """
+    import shutil
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} already exists and is not empty; choose another folder or remove it")
+    existed = out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield out
+    except BaseException:
+        # `out` was empty or new: everything in it now is this export's own half-written output.
+        for child in out.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if not existed:
+            out.rmdir()
+        raise
 
 
 def _without_local_paths(cfg: SSSConfig) -> tuple[dict[str, Any], list[str]]:
@@ -184,6 +276,7 @@ def _model_card(
     dropped: list[str],
     metrics: dict[str, Any],
     prep: dict[str, Any],
+    weights: str | None = None,
 ) -> str:
     # `metrics` may carry what `sss fit` recorded of the run (results.json's keys: global_step,
     # mixed_precision as Accelerate used it, sss_version, ...); `sss export` and a Hub push pass the
@@ -235,7 +328,8 @@ def _model_card(
         + f", seed {t.seed}, optimizer `{t.optim.optimizer}`, "
         + (f"scheduler `{t.optim.scheduler}`" if t.optim.scheduler is not None else "no LR scheduler")
         + "\n"
-        f"- sss {version}{commit}, {when}\n\n"
+        + (f"- weights: {weights}\n" if weights else "")
+        + f"- sss {version}{commit}, {when}\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n\n"
         "Load it with `sss.load_model(folder)`; predict with `sss predict FOLDER --input manifest.csv "
         "--output preds.csv`. The full training configuration is in `config.yaml`"

@@ -1,12 +1,21 @@
-"""Helpers for tests and examples: a tiny `BoringModule`, its data, and an `EventRecorder` callback."""
+"""Helpers for tests and examples: a tiny `BoringModule`, its data, an `EventRecorder` callback, `count_host_syncs`."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import sysconfig
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sss.callbacks.base import Callback, Event
 from sss.data.datamodule import DataModule
@@ -15,7 +24,18 @@ from sss.trainer.module import LitModule
 if TYPE_CHECKING:
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["BoringDataModule", "BoringDataset", "BoringModule", "EventRecorder", "boring_loader"]
+aten = torch.ops.aten
+
+__all__ = [
+    "BoringDataModule",
+    "BoringDataset",
+    "BoringModule",
+    "EventRecorder",
+    "HostSync",
+    "HostSyncs",
+    "boring_loader",
+    "count_host_syncs",
+]
 
 
 class _Add(nn.Module):
@@ -131,3 +151,201 @@ def _recorder(event: Event) -> Any:
 
 for _event in Event:  # one recording method per event, so a new event is recorded without edits here
     setattr(EventRecorder, _event.value, _recorder(_event))
+
+
+# ---------------------------------------------------------------------- host syncs
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_THIS_FILE = __file__
+_LIBRARIES = tuple({_TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], "<frozen "})
+"""Frames a sync is not blamed on: torch, Accelerate and the standard library; the culprit is the caller."""
+
+_TO_HOST = ("tolist", "cpu", "numpy")
+"""Tensor methods that copy a tensor to the host; on a CPU they reach no operator the dispatcher sees."""
+
+
+@dataclass(frozen=True)
+class HostSync:
+    """One point where the host waits for the device: what did it, from where.
+
+    Example:
+        >>> HostSync("item", "sss/callbacks/progress.py:230 in _info", ("_train_step", "_info"), None).where
+        'sss/callbacks/progress.py:230 in _info'
+    """
+
+    kind: str
+    """``item`` (``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``, a format), ``nonzero`` (a data-dependent
+    shape), ``copy`` (a device-to-CPU copy), or on a CPU device the method called: ``tolist``, ``cpu``, ``numpy``."""
+    where: str
+    """``file:line in function`` of the innermost frame outside torch, Accelerate and the standard library."""
+    functions: tuple[str, ...]
+    """The names (``co_qualname``) of the functions on the stack, outermost first (what `HostSyncs.inside` reads)."""
+    label: Any
+    """`HostSyncs.label` when the sync happened (e.g. the optimizer step a benchmark is in)."""
+
+
+class HostSyncs:
+    """What `count_host_syncs` saw: the syncs in order, with filters and a report that names the culprits.
+
+    Example:
+        >>> with count_host_syncs() as syncs:
+        ...     _ = float(torch.ones(()))
+        >>> len(syncs), syncs.records[0].kind
+        (1, 'item')
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.records: list[HostSync] = []
+        self.label: Any = None
+        """Stamped on each sync from now on; a callback can set it to the step being run."""
+        self.counting = True
+        """While False, syncs are not recorded (to leave out a part of what runs inside the probe)."""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def inside(self, function: str, *, outside: tuple[str, ...] = ()) -> list[HostSync]:
+        """The syncs made while `function` ran (a ``co_qualname`` or its last part), and none of `outside` did.
+
+        Example:
+            >>> def step():
+            ...     return torch.ones(2).tolist()
+            >>> with count_host_syncs() as syncs:
+            ...     _, _ = step(), torch.ones(()).item()
+            >>> len(syncs.inside("step")), len(syncs.inside("step", outside=("step",)))
+            (1, 0)
+        """
+
+        def runs(record: HostSync, name: str) -> bool:
+            return any(f == name or f.endswith("." + name) for f in record.functions)
+
+        return [r for r in self.records if runs(r, function) and not any(runs(r, o) for o in outside)]
+
+    def report(self, records: list[HostSync] | None = None) -> str:
+        """One line per culprit, most syncs first: ``3 x item at sss/callbacks/progress.py:230 in _info``.
+
+        Example:
+            >>> with count_host_syncs() as syncs:
+            ...     for _ in range(3):
+            ...         _ = bool(torch.ones(()))
+            >>> print(syncs.report())  # doctest: +ELLIPSIS
+            3 x item at <doctest ...>:3 in <module>
+        """
+        counts = Counter((r.kind, r.where) for r in (self.records if records is None else records))
+        return "\n".join(f"{n} x {kind} at {where}" for (kind, where), n in counts.most_common()) or "no host syncs"
+
+    def _add(self, kind: str) -> None:
+        if not self.counting:
+            return
+        frames = []
+        frame = sys._getframe(2)
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+        code = [f.f_code for f in frames]
+        if self.device.type == "cpu" and any(c.co_filename.startswith(f"{_TORCH_DIR}/optim/") for c in code):
+            # torch.optim reads its step counters with .item(); they stay on the CPU when the
+            # parameters are on CUDA (capturable=False), so on a GPU that read waits for nothing.
+            return
+        culprit = next((f for f in frames if not f.f_code.co_filename.startswith(_LIBRARIES)), frames[0])
+        where = f"{_short(culprit.f_code.co_filename)}:{culprit.f_lineno} in {culprit.f_code.co_name}"
+        names = tuple(getattr(c, "co_qualname", c.co_name) for c in reversed(code))
+        self.records.append(HostSync(kind, where, names, self.label))
+
+
+def _short(filename: str) -> str:
+    # sss/... or tests/... relative to the project, else the file's name as Python knows it
+    parts = Path(filename).parts
+    for root in ("sss", "tests", "benchmarks"):
+        if root in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index(root) - 1 :])
+    return filename
+
+
+class _SyncMode(TorchDispatchMode):
+    """Sees every aten operator; reports those that make the host wait for `syncs.device`."""
+
+    def __init__(self, syncs: HostSyncs) -> None:
+        super().__init__()
+        self.syncs = syncs
+        self.on_cpu = syncs.device.type == "cpu"
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        source = args[0] if args and isinstance(args[0], Tensor) else None
+        on_device = source is not None and (self.on_cpu or source.device.type == self.syncs.device.type)
+        if packet is aten._local_scalar_dense and on_device:
+            self.syncs._add("item")
+        elif packet in _DATA_DEPENDENT and on_device:
+            self.syncs._add("nonzero")
+        elif not self.on_cpu and source is not None and _to_cpu(packet, args, kwargs):
+            self.syncs._add("copy")
+        return func(*args, **kwargs)
+
+
+_DATA_DEPENDENT = (aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive, aten.unique_dim)
+
+
+def _to_cpu(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an operator copies a device tensor to the CPU: ``_to_copy(src, device=cpu)``, ``copy_(cpu_dst, src)``."""
+    if packet is aten._to_copy:
+        target = kwargs.get("device")
+        return args[0].device.type != "cpu" and target is not None and torch.device(target).type == "cpu"
+    if packet is aten.copy_ and len(args) > 1 and isinstance(args[1], Tensor):
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
+
+
+@contextlib.contextmanager
+def count_host_syncs(device: str | torch.device | None = None) -> Iterator[HostSyncs]:
+    """Record each point where the host waits for `device` (the one the model runs on), with its culprit.
+
+    A host sync is a read of a device value by Python: ``.item()``, ``float(t)``, ``int(t)``,
+    ``bool(t)`` (an ``if`` on a tensor), formatting a tensor (all reach ``aten._local_scalar_dense``),
+    an operator whose output size depends on the data (``nonzero``, ``masked_select``, ``unique``), and a
+    copy of a device tensor to the CPU (``aten._to_copy``/``copy_`` from the device to the CPU: what
+    ``.cpu()``, ``.tolist()`` and ``.numpy()`` do). On a GPU each one drains the queue the host had
+    built up. Each `HostSync` names the innermost frame outside torch, Accelerate and the standard
+    library, and keeps the names of the functions on the stack, so a test can count the syncs of a
+    part of the loop (`HostSyncs.inside`) and a failure names the line that caused them
+    (`HostSyncs.report`).
+
+    On a CPU (`device` None or ``cpu``) every tensor lives on the host, so the probe counts what
+    *would* wait on a GPU: every ``_local_scalar_dense`` and data-dependent shape, and each call of
+    ``Tensor.tolist``, ``.cpu`` and ``.numpy`` (also ``numpy.asarray(t)``), which on a CPU reach no
+    operator. Left out: ``torch.optim``'s reads of its step counters, which stay on the CPU when
+    the parameters are on CUDA. The CPU figure is an upper bound of the GPU one: ``t.cpu().tolist()``
+    counts 2 here and 1 on a GPU, and a tensor the code itself made on the CPU counts here only.
+    Syncs in other threads than the one that entered are not counted (autograd's are), nor those
+    inside the DataLoader's worker processes.
+
+    Example:
+        >>> t = torch.arange(3.0)
+        >>> with count_host_syncs() as syncs:
+        ...     _ = t.sum().item(), float(t[0]), bool(t.any()), t.tolist(), t * 2
+        >>> len(syncs), [r.kind for r in syncs.records]
+        (4, ['item', 'item', 'item', 'tolist'])
+    """
+    syncs = HostSyncs(torch.device(device) if device is not None else torch.device("cpu"))
+    originals: dict[str, Any] = {}
+    if syncs.device.type == "cpu":
+        owner = threading.get_ident()
+
+        def counted(name: str, original: Any) -> Any:
+            def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() == owner and self.device.type == "cpu":
+                    syncs._add(name)
+                return original(self, *args, **kwargs)
+
+            return method
+
+        for name in _TO_HOST:
+            originals[name] = getattr(Tensor, name)
+            setattr(Tensor, name, counted(name, originals[name]))
+    try:
+        with _SyncMode(syncs):
+            yield syncs
+    finally:
+        for name, original in originals.items():
+            setattr(Tensor, name, original)

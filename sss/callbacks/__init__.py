@@ -4,6 +4,7 @@ from sss.callbacks.base import Callback, Event
 from sss.callbacks.checkpoint import ModelCheckpoint
 from sss.callbacks.debug import DebugShapes
 from sss.callbacks.early_stopping import EarlyStopping
+from sss.callbacks.ema import EMA
 from sss.callbacks.grad_norm import GradNormMonitor
 from sss.callbacks.hub import HubPush
 from sss.callbacks.lr_monitor import LearningRateMonitor
@@ -12,11 +13,15 @@ from sss.callbacks.metrics_logger import CSVTracker, MetricsLogger
 from sss.callbacks.model_summary import ModelSummary
 from sss.callbacks.overflow import OverflowDetector
 from sss.callbacks.plots import Plots
+from sss.callbacks.prediction_writer import CSVPredictionWriter, PredictionWriter
+from sss.callbacks.profiler import Profiler
 from sss.callbacks.progress import ProgressBar
 from sss.callbacks.skipped import SkippedRows
 from sss.callbacks.throughput import Throughput
 
 __all__ = [
+    "EMA",
+    "CSVPredictionWriter",
     "CSVTracker",
     "Callback",
     "DebugShapes",
@@ -31,6 +36,8 @@ __all__ = [
     "ModelSummary",
     "OverflowDetector",
     "Plots",
+    "PredictionWriter",
+    "Profiler",
     "ProgressBar",
     "SkippedRows",
     "Throughput",

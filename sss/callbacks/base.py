@@ -43,10 +43,12 @@ class Event(str, Enum):
                             module's self.log step values -> state.logs (at logging steps)
                             # AFTER_OPTIMIZER_STEP
                             optimizer.zero_grad()
-                    # BATCH_END                   (checkpoints every N steps save here)
+                    if the step reached a multiple of trainer.val_every_n_steps:
+                        the validation pass below, with its events   (RNG states restored after it)
+                    # BATCH_END                   (checkpoints every N steps save here, after that pass)
                     stop at max_steps or when state.should_stop
                 self.log epoch values: one all-reduce -> state.metrics
-                if validation is due:
+                if validation is due:          (and not already run at this step by val_every_n_steps)
                     # VALIDATION_START
                     gather_for_metrics(module.validation_step(...))   (a padded last batch per sample)
                     module.compute_metrics(outputs, classes=datamodule.classes) -> state.metrics
@@ -58,6 +60,15 @@ class Event(str, Enum):
         any exception in fit: # EXCEPTION, then it is re-raised
 
     ``validate``/``test`` fire VALIDATION_START and VALIDATION_END only (``state.stage`` tells which).
+    ``predict``::
+
+        predict(module, dataloaders=...):
+            for batch_idx, batch in loader:
+                out = module.predict_step(batch, batch_idx)
+                state.batch = batch; state.rank_prediction = out, less the sampler's padding rows
+                state.prediction = gather_for_metrics(out)          (all processes, padding dropped)
+                # PREDICT_BATCH_END
+            # PREDICT_END
 
     Example:
         >>> Event.BATCH_END.value
@@ -77,6 +88,8 @@ class Event(str, Enum):
     EPOCH_END = "on_epoch_end"
     FIT_END = "on_fit_end"
     EXCEPTION = "on_exception"
+    PREDICT_BATCH_END = "on_predict_batch_end"
+    PREDICT_END = "on_predict_end"
 
 
 class Callback:
@@ -133,6 +146,13 @@ class Callback:
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         """`fit` is failing; `trainer.state.exception` holds the error, which is re-raised afterwards."""
+
+    def on_predict_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """`predict` ran a batch: `trainer.state.prediction` (gathered), `trainer.state.rank_prediction`
+        (this process's rows), `trainer.state.batch`, `trainer.state.batch_idx`."""
+
+    def on_predict_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        """`predict` ran its last batch (e.g. a writer merges its files here)."""
 
     def state_dict(self) -> dict[str, Any]:
         """What this callback must carry across a resume (JSON-serialisable). Default: nothing."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sss.callbacks.base import Callback
+from sss.callbacks.metrics_logger import host_floats
 from sss.warnings import SSSWarning
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class GradNormMonitor(Callback):
     the learning rate (below the optimizer's own ``lr``, and it has not fallen yet) they
     do not count, since a small LR, or the large first updates of an adaptive optimizer, are what a
     warm-up is for. Warnings are `sss.warnings.SSSWarning`, printed as one ``sss: warning: ...`` line.
+    The figures stay on the device: they reach ``state.logs`` as tensors, which the metrics logger
+    reads with the loss in one transfer, and the checks run at BATCH_END on those values (no device
+    sync of their own when the logger reads at the same steps; one per check step without it).
     With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
 
     Example:
@@ -77,8 +81,8 @@ class GradNormMonitor(Callback):
         self.min_norm, self.min_share = min_norm, min_share
         self.min_update_ratio, self.max_update_ratio = min_update_ratio, max_update_ratio
         self.ogm_ge, self.ogm_alpha, self.ogm_noise = ogm_ge, ogm_alpha, ogm_noise
-        self.norms: dict[str, float] = {}
-        """The latest per-part norms and ``total``."""
+        self._norms: dict[str, Any] = {}
+        self._pending: dict[str, Any] | None = None  # this step's figures and checks, run at BATCH_END
         self._streaks: dict[str, int] = {}
         self._warned: set[str] = set()
         self._before: list[torch.Tensor] | None = None
@@ -88,8 +92,15 @@ class GradNormMonitor(Callback):
         self._batch: Any = None
         self._hook: Any = None
 
+    @property
+    def norms(self) -> dict[str, float]:
+        """The latest per-part norms and ``total`` (read from the device on first use)."""
+        self._norms = host_floats(self._norms)
+        return self._norms
+
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._streaks.clear()
+        self._pending = None
         self._last_ratio = math.inf
         self._lr_seen, self._lr_fell = None, False
         if self.ogm_ge and self._hook is None:
@@ -117,11 +128,31 @@ class GradNormMonitor(Callback):
         delta = _total_norm([a - b for a, b in zip(after, self._before, strict=True)])
         weight = _total_norm(self._before)
         self._before = None  # free the copy of the weights before the next step
-        if trainer.state.step_was_skipped:
+        if trainer.state.step_was_skipped or self._pending is None:
             return
-        ratio = self._last_ratio = delta / max(weight, 1e-12)
+        ratio = delta.double() / weight.double().clamp_min(1e-12)
         trainer.state.logs["train/update_ratio"] = ratio
-        lr = trainer.state.lr
+        self._pending.update(ratio=ratio, ratio_step=trainer.state.global_step, ratio_lr=trainer.state.lr)
+        self._pending["logged"]["train/update_ratio"] = ratio
+        self._pending["ratio_warming"] = self.warming_up(trainer)
+
+    def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        # One read for the step's figures; none when the metrics logger (or the bar) read them already.
+        values = host_floats({k: v for k, v in pending.items() if isinstance(v, torch.Tensor)})
+        logs = trainer.state.logs
+        for key, tensor in pending["logged"].items():  # floats in state.logs for later readers
+            if logs.get(key) is tensor:
+                logs[key] = values[f"log:{key}"] if key != "train/update_ratio" else values["ratio"]
+        self._check_norms(trainer, pending, values)
+        if "ratio" in pending:
+            self._check_ratio(trainer, pending, values["ratio"])
+
+    def _check_ratio(self, trainer: SSSTrainer, pending: dict[str, Any], ratio: float) -> None:
+        self._last_ratio = ratio
+        lr, step, warming = pending["ratio_lr"], pending["ratio_step"], pending["ratio_warming"]
         self._check(
             trainer,
             "lr_small_update",
@@ -129,6 +160,8 @@ class GradNormMonitor(Callback):
             f"parameters moved by {ratio:.1e} of their norm per step (under {self.min_update_ratio:.0e}) for "
             f"{self.patience} checks: the learning rate may be too small (lr={lr:.1e}); raise it",
             lr_advice=True,
+            warming=warming,
+            step=step,
         )
         self._check(
             trainer,
@@ -137,6 +170,8 @@ class GradNormMonitor(Callback):
             f"parameters moved by {ratio:.2f} of their norm per step (over {self.max_update_ratio}) for "
             f"{self.patience} checks: the learning rate may be too large (lr={lr:.1e}); lower it",
             lr_advice=True,
+            warming=warming,
+            step=step,
         )
 
     def _follow_lr(self, trainer: SSSTrainer) -> None:
@@ -171,15 +206,32 @@ class GradNormMonitor(Callback):
         return peak is not None and lr < peak * (1 - 1e-6)
 
     def _measure(self, trainer: SSSTrainer, module: LitModule) -> None:
+        # Device tensors only: the values are read at BATCH_END, with the metrics logger's (see on_batch_end).
         groups = module.modality_groups()
-        norms = {name: _norm(params) for name, params in groups.items()}
-        total = math.sqrt(sum(n * n for n in norms.values()))
-        self.norms = {**norms, "total": total}
+        device = trainer.accelerator.device
+        norms = {name: _norm(params, device).double() for name, params in groups.items()}
+        total = torch.stack(list(norms.values())).square().sum().sqrt()
+        self._norms = {**norms, "total": total}
         logs = trainer.state.logs
-        logs["train/grad_norm"] = total
+        logged = {"train/grad_norm": total}
         for name, value in norms.items():
-            logs[f"train/grad_norm/{name}"] = value
-            logs[f"train/grad_share/{name}"] = value * value / total**2 if total > 0 else 0.0
+            logged[f"train/grad_norm/{name}"] = value
+            logged[f"train/grad_share/{name}"] = torch.where(total > 0, value.square() / total.square(), 0.0)
+        logs.update(logged)
+        self._pending = {
+            **{f"log:{k}": v for k, v in logged.items()},
+            **{f"norm:{k}": v for k, v in self._norms.items()},
+            "logged": logged,
+            "warming": self.warming_up(trainer),
+            "step": trainer.state.global_step,
+            "groups": {name: bool(params) for name, params in groups.items()},
+        }
+
+    def _check_norms(self, trainer: SSSTrainer, pending: dict[str, Any], values: dict[str, float]) -> None:
+        norms = {k.removeprefix("norm:"): v for k, v in values.items() if k.startswith("norm:")}
+        self._norms = dict(norms)
+        total = norms.pop("total")
+        warming, step = pending["warming"], pending["step"]
         clip = trainer.config.max_grad_norm
         self._check(
             trainer,
@@ -188,6 +240,8 @@ class GradNormMonitor(Callback):
             f"the gradient norm stayed under {self.min_norm} for {self.patience} checks (latest {total:.2e}): "
             "the learning rate may be too small, or the loss is saturated",
             lr_advice=True,
+            warming=warming,
+            step=step,
         )
         self._check(
             trainer,
@@ -198,12 +252,14 @@ class GradNormMonitor(Callback):
             f"(latest {total:.2e}): every step is clipped; the learning rate may be too large "
             "(or the clip value too low for this model)",
             lr_advice=True,
+            warming=warming,
+            step=step,
         )
-        present = [m for m in MODALITIES if getattr(module, f"{m}_encoder", None) is not None]
+        present = [m for m in MODALITIES if getattr(trainer.module, f"{m}_encoder", None) is not None]
         both = sum(norms[m] for m in present)
         for m in present if len(present) == 2 else ():
             share = norms[m] / both if both > 0 else 0.0
-            frozen = " (none of its parameters are trainable)" if not groups[m] else ""
+            frozen = " (none of its parameters are trainable)" if not pending["groups"][m] else ""
             self._check(
                 trainer,
                 f"imbalance_{m}",
@@ -211,14 +267,24 @@ class GradNormMonitor(Callback):
                 f"modality imbalance: {m} gets {share:.1%} of the image+audio gradient norm{frozen} for "
                 f"{self.patience} checks: that branch is starving. Try modality dropout, or "
                 "GradNormMonitor(ogm_ge=true) to slow the dominant modality (OGM-GE)",
+                step=step,
             )
 
-    def _check(self, trainer: SSSTrainer, key: str, bad: bool, message: str, lr_advice: bool = False) -> None:
+    def _check(
+        self,
+        trainer: SSSTrainer,
+        key: str,
+        bad: bool,
+        message: str,
+        lr_advice: bool = False,
+        warming: bool = False,
+        step: int = 0,
+    ) -> None:
         # Learning-rate advice during a warm-up would be about a schedule working as meant: the streak starts after it.
-        counts = bad and not (lr_advice and self.warming_up(trainer))
+        # `warming` and `step` are those of when the figure was measured (the check runs at BATCH_END).
+        counts = bad and not (lr_advice and warming)
         self._streaks[key] = self._streaks.get(key, 0) + 1 if counts else 0
         if self._streaks[key] >= self.patience:
-            step = trainer.state.global_step
             _warn_once(trainer, self._warned, key, f"GradNormMonitor (global_step {step}): {message}")
 
     def _ogm_ge(self, trainer: SSSTrainer, module: LitModule) -> None:
@@ -249,7 +315,7 @@ class GradNormMonitor(Callback):
         scores_t = torch.stack(scores)
         if trainer.accelerator.num_processes > 1:
             scores_t = trainer.accelerator.reduce(scores_t, reduction="sum")
-        s_image, s_audio = (float(s) for s in scores_t)
+        s_image, s_audio = scores_t.tolist()  # the one device sync of OGM-GE per step: the coefficients need it
         ratio = s_image / max(s_audio, 1e-12)
         coeffs = {"image": 1.0, "audio": 1.0}
         if ratio > 1:
@@ -279,7 +345,7 @@ class GradNormMonitor(Callback):
     def _release(self) -> None:
         if self._hook is not None:
             self._hook.remove()
-        self._hook, self._batch, self._before = None, None, None
+        self._hook, self._batch, self._before, self._pending = None, None, None, None
 
 
 def _current_lr(trainer: SSSTrainer) -> float | None:
@@ -288,15 +354,16 @@ def _current_lr(trainer: SSSTrainer) -> float | None:
     return float(optimizer.param_groups[0]["lr"]) if optimizer is not None and optimizer.param_groups else None
 
 
-def _norm(params: list[torch.nn.Parameter]) -> float:
-    return _total_norm([p.grad for p in params if p.grad is not None])
+def _norm(params: list[torch.nn.Parameter], device: torch.device) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    return _total_norm(grads) if grads else torch.zeros((), device=device)
 
 
-def _total_norm(tensors: list[torch.Tensor]) -> float:
+def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    # one reduction per tensor, then one for the whole list; a device tensor (no sync)
     if not tensors:
-        return 0.0
-    # one reduction per tensor, then one device sync for the whole list
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
 
 def _logits(outputs: Any) -> torch.Tensor:

@@ -15,10 +15,12 @@ import io
 import math
 import os
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from accelerate.tracking import GeneralTracker
 
 from sss.callbacks.base import Callback
@@ -28,7 +30,84 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["CSVTracker", "MetricsLogger", "make_trackers", "missing_trackers", "read_metrics"]
+__all__ = [
+    "CSVTracker",
+    "MetricsLogger",
+    "host_floats",
+    "make_trackers",
+    "missing_trackers",
+    "read_metrics",
+    "step_figures",
+]
+
+_READ: dict[int, tuple[weakref.ref[torch.Tensor], float]] = {}
+"""The tensors the latest `host_floats` read, by id (a weak reference, to tell a reused id), with their values."""
+
+
+def host_floats(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with each one-element tensor replaced by its Python float, all read in one transfer per device.
+
+    Reading a device value is a host sync: the host waits for everything queued before it. One
+    stacked ``.tolist()`` pays that once for all of them. The tensors of the latest read are
+    remembered (by identity), so the next reader of the same tensors (the progress bar, the plots
+    and the metrics logger at one logging step) pays nothing. Other values pass through.
+
+    Example:
+        >>> t = torch.tensor(0.5)
+        >>> host_floats({"train/loss": t, "train/lr": 0.1, "train/epoch": 2})
+        {'train/loss': 0.5, 'train/lr': 0.1, 'train/epoch': 2}
+    """
+    out = dict(values)
+    cached, todo = {}, {}
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            seen = _READ.get(id(value))
+            if seen is not None and seen[0]() is value:
+                cached[key] = seen[1]
+            else:
+                todo[key] = value
+    out.update(cached)
+    if not todo:
+        return out
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in todo.items():
+        by_device.setdefault(value.device, []).append(key)
+    for device, keys in by_device.items():
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # exact for fp32/bf16/fp16 values
+        stacked = torch.stack([todo[k].detach().reshape(()).to(dtype) for k in keys])
+        out.update(zip(keys, stacked.tolist(), strict=True))  # the one device sync
+    kept = {id(v): (weakref.ref(v), out[k]) for k, v in values.items() if isinstance(v, torch.Tensor)}
+    _READ.clear()
+    _READ.update(kept)
+    return out
+
+
+def step_figures(state: Any) -> dict[str, Any]:
+    """The figures of a logging step on the host: loss, lr, epoch, grad norm, skipped steps and ``state.logs``.
+
+    ``train/loss`` is the latest micro-batch's loss, ``train/grad_norm`` the norm the trainer clipped
+    (when it clips); values in ``state.logs`` win over those. Callbacks may publish device tensors
+    in ``state.logs``: all are read here in one transfer (`host_floats`) and replaced in
+    ``state.logs`` by their floats, so later readers pay nothing.
+
+    Example:
+        >>> from sss.trainer.state import TrainState
+        >>> state = TrainState(loss=torch.tensor(0.25), lr=0.1, logs={"train/grad_share/image": torch.tensor(0.5)})
+        >>> step_figures(state)
+        {'train/loss': 0.25, 'train/lr': 0.1, 'train/epoch': 0, 'train/skipped_steps': 0, 'train/grad_share/image': 0.5}
+        >>> state.logs
+        {'train/grad_share/image': 0.5}
+    """
+    values: dict[str, Any] = {"train/lr": state.lr, "train/epoch": state.epoch}
+    if state.loss is not None:
+        values = {"train/loss": state.loss, **values}
+    if state.grad_norm is not None:
+        values["train/grad_norm"] = state.grad_norm
+    values["train/skipped_steps"] = state.skipped_steps
+    values.update(state.logs)  # what other callbacks published since the last log
+    figures = host_floats(values)
+    state.logs.update({k: figures[k] for k in state.logs})
+    return figures
 
 
 class CSVTracker(GeneralTracker):
@@ -242,6 +321,13 @@ class MetricsLogger(Callback):
     which hides the interrupted run's events from step N+1 on. A fresh fit in a folder that
     already holds a ``metrics.csv`` sets all of it aside the same way (and hides older events).
 
+    ``mlflow`` and ``wandb`` get the run config (flattened: ``trainer.max_steps``, ``model.name``, ...)
+    as parameters, and their run id goes into checkpoints (`state_dict`), so that a resumed fit
+    continues the same MLflow / W&B run. MLflow's experiment and W&B's project are named after the
+    output folder, the run too; ``MLFLOW_TRACKING_URI`` / ``WANDB_MODE`` and the other variables of
+    those libraries apply. At FIT_END the model folder (``OUTPUT_DIR/model``, exported there first)
+    goes to the MLflow run as artifacts under ``model/`` (docs/tracking.md).
+
     Example:
         >>> MetricsLogger(every_n_steps=50).every_n_steps
         50
@@ -250,6 +336,14 @@ class MetricsLogger(Callback):
     def __init__(self, every_n_steps: int = 10, trackers: Sequence[str] = ("csv", "tensorboard")) -> None:
         self.every_n_steps = every_n_steps
         self.trackers = list(trackers)
+        self.run_ids: dict[str, str] = {}
+        """The MLflow / W&B run this fit logs to, by tracker name; kept in checkpoints to continue it on resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_ids": dict(self.run_ids)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_ids = dict(state.get("run_ids", {}))
 
     def on_fit_start(self, trainer: SSSTrainer, module: LitModule) -> None:
         from accelerate.tracking import filter_trackers
@@ -260,10 +354,14 @@ class MetricsLogger(Callback):
             accelerator.log_with = filter_trackers(make_trackers(self.trackers, logging_dir), logging_dir)
             if accelerator.is_main_process:
                 _warn_missing(self.trackers, accelerator.log_with)
-        config = {k: str(v) for k, v in _flatten(dataclasses.asdict(trainer.config)).items()}
+        run = {**(trainer.run_config or {}), "trainer": dataclasses.asdict(trainer.config)}  # the YAML's keys
+        config = {k: str(v) for k, v in _flatten(run).items()}
         # purge_step: TensorBoard readers drop the earlier event files' points from that step on
-        init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}}
-        accelerator.init_trackers(trainer.output_dir.name or "sss", config=config, init_kwargs=init_kwargs)
+        init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}, **self._run_kwargs(trainer)}
+        accelerator.init_trackers(trainer.output_dir.name or "sss", init_kwargs=init_kwargs)
+        for tracker in accelerator.trackers:
+            _store_config(tracker, config, start)
+        self.run_ids.update(_run_ids(accelerator.trackers))
         for tracker in accelerator.trackers:
             moved = tracker.continue_from(start or None) if isinstance(tracker, CSVTracker) else None
             if moved is not None:
@@ -274,11 +372,7 @@ class MetricsLogger(Callback):
         state = trainer.state
         if state.step_was_skipped or state.global_step % self.every_n_steps:
             return
-        values = {"train/loss": float(state.loss), "train/lr": state.lr, "train/epoch": state.epoch}
-        if state.grad_norm is not None:
-            values["train/grad_norm"] = float(state.grad_norm)
-        values["train/skipped_steps"] = state.skipped_steps
-        values.update(state.logs)  # what other callbacks published since the last log
+        values = step_figures(state)  # one device sync for all of them (none when the bar or plots read them first)
         state.logs.clear()
         trainer.accelerator.log(values, step=state.global_step)
 
@@ -287,10 +381,25 @@ class MetricsLogger(Callback):
             trainer.accelerator.log(dict(trainer.state.eval_metrics), step=trainer.state.global_step)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if "mlflow" in self.trackers and trainer.accelerator.log_with:
+            _log_model_folder(trainer, module)
         self._finish(trainer)
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._finish(trainer)
+
+    def _run_kwargs(self, trainer: SSSTrainer) -> dict[str, dict[str, Any]]:
+        # Accelerate's init_kwargs of MLflow and W&B: the run's name, and the run to continue on a resume.
+        name = trainer.output_dir.name or "sss"
+        kwargs: dict[str, dict[str, Any]] = {"mlflow": {"run_name": name}, "wandb": {"name": name}}
+        if "MLFLOW_RUN_ID" not in os.environ and "mlflow" in self.run_ids:
+            kwargs["mlflow"]["run_id"] = self.run_ids["mlflow"]
+        if "wandb" in self.run_ids:
+            kwargs["wandb"].update(id=self.run_ids["wandb"], resume="allow")
+        if "wandb" in self.trackers and "WANDB_DIR" not in os.environ:  # the run's folder, not ./wandb of the cwd
+            (trainer.output_dir / "logs").mkdir(parents=True, exist_ok=True)
+            kwargs["wandb"]["dir"] = str(trainer.output_dir / "logs")
+        return kwargs
 
     def _finish(self, trainer: SSSTrainer) -> None:
         # Not accelerator.end_training(): it also destroys the process group, and evaluation or
@@ -320,6 +429,46 @@ def _warn_missing(requested: Sequence[str], kept: Sequence[Any]) -> None:
             SSSWarning,
             stacklevel=3,
         )
+
+
+def _run_ids(trackers: Sequence[Any]) -> dict[str, str]:
+    ids = {}
+    for tracker in trackers:
+        if tracker.name == "mlflow" and getattr(tracker, "active_run", None) is not None:
+            ids["mlflow"] = tracker.active_run.info.run_id
+        elif tracker.name == "wandb" and getattr(tracker, "run", None) is not None:
+            ids["wandb"] = tracker.run.id
+    return ids
+
+
+def _store_config(tracker: Any, config: dict[str, str], start: int) -> None:
+    # MLflow refuses to change a parameter of a run ("Changing param values is not allowed"): a resumed
+    # run logs the new keys, and the values a resume changed (more steps, say) as tags resumed_at_step_N.KEY.
+    if tracker.name != "mlflow" or not start:
+        tracker.store_init_configuration(config)
+        return
+    import mlflow
+
+    logged = mlflow.get_run(tracker.active_run.info.run_id).data.params
+    tracker.store_init_configuration({k: v for k, v in config.items() if k not in logged})
+    changed = {f"resumed_at_step_{start}.{k}": v for k, v in config.items() if k in logged and logged[k] != v}
+    if changed:
+        mlflow.set_tags(changed)
+
+
+def _log_model_folder(trainer: SSSTrainer, module: LitModule) -> None:
+    # `sss fit` exports OUTPUT_DIR/model after fit returns, when the run is over: export it now (as HubPush
+    # does; `sss fit` rewrites it later with the same weights) and send it to the MLflow run while it is open.
+    from sss.callbacks.hub import _export
+
+    # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
+    full = trainer.accelerator.get_state_dict(trainer.model)
+    tracker = next((t for t in trainer.accelerator.trackers if t.name == "mlflow"), None)
+    if tracker is None:  # not the main process, or mlflow is not installed
+        return
+    folder = trainer.output_dir / "model"
+    _export(trainer, module, folder, {k.removeprefix("module."): v for k, v in full.items()})
+    tracker.log_artifacts(str(folder), artifact_path="model")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sss.callbacks.base import Callback
-from sss.callbacks.metrics_logger import read_metrics
+from sss.callbacks.metrics_logger import read_metrics, step_figures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -204,11 +204,10 @@ class Plots(Callback):
         state = trainer.state
         if state.step_was_skipped or state.global_step % self.every_n_steps:
             return
-        # What the metrics logger writes at this step (so that a resume reads back the same history).
-        values: dict[str, Any] = {"train/loss": state.loss, "train/lr": state.lr}
-        if state.grad_norm is not None:
-            values["train/grad_norm"] = state.grad_norm
-        values.update(state.logs)
+        # What the metrics logger writes at this step (so that a resume reads back the same history),
+        # read from the device in one transfer with the other readers of this step (step_figures).
+        figures = step_figures(state)
+        values = {k: v for k, v in figures.items() if k not in NOT_PLOTTED or k in state.logs}
         for key, value in values.items():
             number = _number(value)
             if number is not None and _plotted(key):
@@ -296,7 +295,7 @@ def _plotted(key: str) -> bool:
 
 def _number(value: Any) -> float | None:
     try:
-        number = float(value)  # a tensor's item: a device sync, once per plotting step
+        number = float(value)
     except (TypeError, ValueError, RuntimeError):
         return None
     return number if math.isfinite(number) else None

@@ -7,7 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from torch import Tensor
+
 from sss.callbacks.base import Callback
+from sss.callbacks.metrics_logger import host_floats, step_figures
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
@@ -39,9 +42,16 @@ def validation_line(metrics: dict[str, float], epoch: int | None, step: int) -> 
         '[val] epoch 2 step 250: loss 0.3100 accuracy 0.9300'
         >>> validation_line({"test/loss": 0.4}, None, 12)
         '[test] step 12: loss 0.4000'
+        >>> validation_line({"val/accuracy": 0.93, "val_ema/accuracy": 0.95}, 2, 250)
+        '[val] epoch 2 step 250: accuracy 0.9300 val_ema/accuracy 0.9500'
     """
     prefix = next(iter(metrics), "val/").split("/", 1)[0]
-    shown = " ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in metrics.items() if k.count("/") == 1)
+    # Figures of another pass merged in (the EMA callback's val_ema/...) keep their prefix, so they read apart.
+    shown = " ".join(
+        f"{k.split('/', 1)[1] if k.startswith(prefix + '/') else k} {v:.4f}"
+        for k, v in metrics.items()
+        if k.count("/") == 1
+    )
     where = f"epoch {epoch} step {step}" if epoch is not None else f"step {step}"
     return f"[{prefix}] {where}: {shown}"
 
@@ -58,8 +68,10 @@ class ProgressBar(Callback):
     the optimizer steps of the current epoch and of the whole run, each with its time left, bars
     as wide as the terminal leaves them (the label and count columns have fixed widths, so the bars
     keep their width); under them the status line (loss, lr, samples/s over the last seconds, the
-    health figures), cut with ``…`` where the terminal is narrower, so nothing wraps. Reading the
-    loss is a device sync, so they redraw at most every `refresh_seconds`. Each evaluation pass
+    health figures), cut with ``…`` where the terminal is narrower, so nothing wraps. They redraw at
+    most every `refresh_seconds`. The loss and the health figures are those of the latest logging
+    step (every `every_n_steps` steps), read from the device with the metrics logger's figures in
+    one transfer (`sss.callbacks.metrics_logger.step_figures`): the bar adds no device sync. Each evaluation pass
     prints a line above them, ``[val] epoch 1 step 16: loss 0.5563 accuracy 0.6875 ...``
     (`validation_line`); warnings print above them too. Only the main process draws. Turn it off
     with ``log.progress=false``. It also shows the latest value of each `show` key that health
@@ -75,6 +87,7 @@ class ProgressBar(Callback):
         self.refresh_seconds = refresh_seconds
         self.show = tuple(show)
         self._shown: dict[str, float] = {}
+        self._loss: float | None = None
         self._progress: Any = None
         self._live: Any = None
         self._epoch_task: Any = None
@@ -94,7 +107,7 @@ class ProgressBar(Callback):
 
         self._active = trainer.accelerator.is_main_process
         self._fitting = True
-        self._shown, self._epoch = {}, None
+        self._shown, self._epoch, self._loss = {}, None, None
         self._per_epoch = _steps_per_epoch(trainer)
         self._mark, self._rate = None, None
         console = Console()
@@ -130,9 +143,13 @@ class ProgressBar(Callback):
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         # keep the latest values: the metrics logger clears state.logs when it writes them
-        logs = trainer.state.logs
-        self._shown.update((k, logs[k]) for k in self.show if k in logs)
-        self._shown.update(trainer.state.bar)  # what the module logged with self.log(..., prog_bar=True)
+        state = trainer.state
+        if self._active and not state.step_was_skipped and state.global_step % self.every_n_steps == 0:
+            self._loss = step_figures(state).get("train/loss")  # device values: read at logging steps only
+            state.bar.update(host_floats(state.bar))  # what the module logged with self.log(..., prog_bar=True)
+        logs = state.logs
+        self._shown.update((k, logs[k]) for k in self.show if k in logs and not isinstance(logs[k], Tensor))
+        self._shown.update((k, v) for k, v in state.bar.items() if not isinstance(v, Tensor))
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if not self._active:
@@ -206,7 +223,7 @@ class ProgressBar(Callback):
         if current is not None and now - since >= RATE_WINDOW_S:
             self._rate, self._mark = current, (now, state.samples)
         rate = self._rate if self._rate is not None else current
-        loss = f"loss {float(state.loss):.4f}" if state.loss is not None else ""
+        loss = f"loss {self._loss:.4f}" if self._loss is not None else ""  # of the latest logging step
         speed = f" {rate:.0f} samples/s" if rate is not None else " … samples/s"  # known from the second batch on
         skipped = f" skipped {state.skipped_steps}" if state.skipped_steps else ""
         extra = "".join(f" {k.removeprefix('train/')} {v:.3g}" for k, v in self._shown.items())

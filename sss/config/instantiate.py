@@ -225,8 +225,20 @@ KNOWN_ARGS: dict[str, dict[str, Any]] = {
         "nesterov": bool,
         "amsgrad": bool,
     },
-    "trainer.optim.scheduler": {"warmup_steps": NonNegativeInt, "min_lr_ratio": UnitFloat},
+    "trainer.optim.scheduler": {
+        "warmup_steps": NonNegativeInt | None,
+        "warmup_ratio": Annotated[float, Ge(0), Lt(1)] | None,  # a fraction of the run's optimizer steps
+        "decay_ratio": Annotated[float, Ge(0), Lt(1)] | None,
+        "min_lr_ratio": UnitFloat,
+    },
     "model": {"num_classes": PositiveInt},
+    # the loader keys every data module that takes them passes to its DataLoaders (sss.data.folder.loader_options)
+    "data": {
+        "num_workers": NonNegativeInt,
+        "pin_memory": bool | typing.Literal["auto"],
+        "persistent_workers": bool | None,
+        "prefetch_factor": PositiveInt | None,
+    },
 }
 
 _SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}

@@ -159,8 +159,15 @@ class TrainerConfig:
     resume: str = "never"
     """never | auto | PATH. auto: continue from the newest checkpoint in OUTPUT_DIR that verifies, or start fresh
     when there is none (what a requeued cluster job runs); PATH: that checkpoint. ``sss fit --resume`` overrides it."""
+    resume_resize: bool = False
+    """Allow resuming a checkpoint written by another number of processes: weights, optimizer, schedule and
+    counters restore exactly, the data position by the samples seen in the epoch; not bitwise equal to an
+    uninterrupted run, and refused under trainer.fsdp / trainer.deepspeed (docs/resume.md)."""
     val_every_n_epochs: int = 1
     """Validate every N epochs, and always when training ends."""
+    val_every_n_steps: int | None = None
+    """Also validate after every N-th optimizer step (global_step % N == 0), mid-epoch, as Lightning's integer
+    ``val_check_interval``; checkpoints, early stopping and plots see these passes (docs/trainer.md)."""
     find_unused_parameters: bool = False
     """Allow parameters that get no gradient (DDP's find_unused_parameters); otherwise they are an error."""
     cpu: bool = False
@@ -185,6 +192,11 @@ class TrainerConfig:
     math stay the same) and retry; the split is kept for the rest of the run and in checkpoints."""
     compile: bool = False
     """torch.compile the module (in place: checkpoints keep their parameter names)."""
+    deterministic: bool = False
+    """Deterministic algorithms only (torch.use_deterministic_algorithms, cuDNN deterministic without benchmark,
+    CUBLAS_WORKSPACE_CONFIG=:4096:8): the same seed gives bitwise the same weights in every fresh process on the
+    same machine and software; an op without a deterministic implementation is an error naming it
+    (docs/trainer.md#deterministic-mode)."""
     fsdp: dict[str, Any] | None = None
     """FSDP settings passed to Accelerate's FullyShardedDataParallelPlugin (GPUs only); see docs/distributed.md."""
     deepspeed: dict[str, Any] | None = None
@@ -214,7 +226,15 @@ class TrainerConfig:
             self.max_grad_norm is None or self.max_grad_norm > 0,
             f"trainer.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}",
         )
+        require(
+            isinstance(self.deterministic, bool),
+            f"trainer.deterministic must be true or false, got {self.deterministic!r}",
+        )
         require(self.val_every_n_epochs >= 1, f"trainer.val_every_n_epochs must be >= 1, got {self.val_every_n_epochs}")
+        require(
+            self.val_every_n_steps is None or (type(self.val_every_n_steps) is int and self.val_every_n_steps >= 1),
+            f"trainer.val_every_n_steps must be an integer >= 1 or null, got {self.val_every_n_steps!r}",
+        )
         require(0 <= self.seed < 2**32, f"trainer.seed must be in 0 .. 2**32 - 1 (NumPy's range), got {self.seed}")
         require(
             self.output_dir is None or bool(self.output_dir.strip()),

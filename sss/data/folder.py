@@ -19,12 +19,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
+from sss.config.errors import ConfigError
 from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
 from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
 
-__all__ = ["ManifestDataModule"]
+__all__ = ["ManifestDataModule", "loader_options"]
 
 MIN_INFERRED_CLIP_SECONDS = 0.025
 """The shortest clip length `setup` infers: one analysis window of the log-mel front-end (25 ms).
@@ -48,9 +49,12 @@ class ManifestDataModule(DataModule):
         fold: ESC-50 / UrbanSound8K held-out fold used as validation (default 5 / 10).
         batch_size: Samples per batch.
         num_workers: DataLoader worker processes (0 decodes in the main process).
-        pin_memory: Page-locked batches for faster copies to a GPU.
-        persistent_workers: Keep workers alive between epochs (forking them again costs seconds).
-        prefetch_factor: Batches each worker prepares ahead.
+        pin_memory: Page-locked batches, which copy to a GPU while it computes (the trainer copies with
+            ``non_blocking=True``); ``"auto"``: on when the batches go to a CUDA device (`loader_options`).
+        persistent_workers: Keep workers alive between epochs (forking them again costs seconds);
+            None: on when ``num_workers > 0``. Only with workers: true with ``num_workers=0`` is an error.
+        prefetch_factor: Batches each worker prepares ahead; None: torch's default (2). Only with
+            workers: set with ``num_workers=0`` is an error.
         image_size: Side of the square image (and mask) tensors.
         sample_rate: Audio rate in Hz; must equal the model's front-end rate.
         clip_seconds: Audio clip length; None: the median duration of up to 64 training files (setup
@@ -92,9 +96,9 @@ class ManifestDataModule(DataModule):
         fold: PositiveInt | None = None,
         batch_size: PositiveInt = 32,
         num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = True,
-        prefetch_factor: PositiveInt = 2,
+        pin_memory: bool | Literal["auto"] = "auto",
+        persistent_workers: bool | None = None,
+        prefetch_factor: PositiveInt | None = None,
         image_size: PositiveInt = 64,
         sample_rate: PositiveInt = 16000,
         clip_seconds: PositiveFloat | None = None,
@@ -114,6 +118,7 @@ class ManifestDataModule(DataModule):
             raise ValueError(f"data.on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if cache not in (None, "features"):
             raise ValueError(f"data.cache must be null or 'features', got {cache!r}")
+        loader_options(num_workers, pin_memory, persistent_workers, prefetch_factor, device="cpu")  # checks them
         self.root = Path(root) if root is not None else None
         self.layout, self.fold = layout, fold
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
@@ -261,19 +266,73 @@ class ManifestDataModule(DataModule):
         return self._loader(self.datasets["test"], shuffle=False) if "test" in self.datasets else None
 
     def _loader(self, dataset: ManifestDataset, shuffle: bool) -> DataLoader[Any]:
-        workers = self.num_workers
+        options = loader_options(self.num_workers, self.pin_memory, self.persistent_workers, self.prefetch_factor)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
             drop_last=False,
-            num_workers=workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers and workers > 0,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
             collate_fn=collate,
             generator=torch.Generator().manual_seed(self.seed),
+            **options,
         )
+
+
+def loader_options(
+    num_workers: int,
+    pin_memory: bool | str = "auto",
+    persistent_workers: bool | None = None,
+    prefetch_factor: int | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """The `DataLoader` keywords of the data keys ``num_workers``, ``pin_memory``, ``persistent_workers`` and more.
+
+    The keys: ``num_workers``, ``pin_memory``, ``persistent_workers`` and ``prefetch_factor``.
+
+    ``pin_memory="auto"`` pins when the batches go to a CUDA device: `device` (``"cuda"``,
+    ``"cpu"``, ...) when given, else the device of the trainer's Accelerator when one exists
+    (``trainer.cpu=true`` on a GPU machine: no pinning), else whether CUDA is available. Pinned
+    batches let the trainer's ``non_blocking`` copy overlap the GPU's work; on the CPU pinning only
+    costs a copy. ``persistent_workers`` None means on with workers; ``prefetch_factor`` None means
+    torch's default. Both only apply to worker processes: setting them with ``num_workers=0`` is a
+    `ConfigError` naming the key (torch would refuse ``prefetch_factor`` and ignore the other).
+
+    Example:
+        >>> loader_options(2, device="cuda")
+        {'num_workers': 2, 'pin_memory': True, 'persistent_workers': True, 'prefetch_factor': None}
+        >>> loader_options(0, device="cpu")
+        {'num_workers': 0, 'pin_memory': False, 'persistent_workers': False, 'prefetch_factor': None}
+        >>> loader_options(0, prefetch_factor=4)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        sss.config.errors.ConfigError: data.prefetch_factor=4 applies to worker processes only, ...
+    """
+    if pin_memory not in (True, False, "auto"):
+        raise ConfigError(f"data.pin_memory must be true, false or 'auto', got {pin_memory!r}")
+    for key, value in (("persistent_workers", persistent_workers), ("prefetch_factor", prefetch_factor)):
+        if num_workers == 0 and value not in (None, False):
+            shown = "true" if value is True else value
+            raise ConfigError(
+                f"data.{key}={shown} applies to worker processes only, and data.num_workers is 0: set "
+                f"data.num_workers (e.g. 2) or remove data.{key}"
+            )
+    if pin_memory == "auto":
+        pin_memory = (device or _batch_device()) == "cuda"
+    return {
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        "persistent_workers": num_workers > 0 if persistent_workers is None else persistent_workers,
+        "prefetch_factor": prefetch_factor,
+    }
+
+
+def _batch_device() -> str:
+    # The trainer builds its Accelerator before it asks for loaders; its device is where batches go.
+    from accelerate.state import PartialState, is_initialized
+
+    if is_initialized():
+        return PartialState().device.type
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _infer_clip_seconds(root: Path, found: SplitRows) -> float:

@@ -16,6 +16,12 @@ Each modality alone therefore tells two pairs of classes apart and no more: an i
 audio-only model tops out near 50%, a fused one near 100%. Everything else (lighting, floor,
 fixed objects with sharp static shadows, hum, noise, which transient) is random and shared by
 all classes. See ``docs/data.md`` for the full description.
+
+``task="binding"`` labels the same scenes so that fusion must *bind* the two streams: the label is
+whether the modalities agree, ``match`` (a moving shadow with a transient, or neither: ``idle`` and
+``collision`` above) or ``mismatch`` (one without the other: a sound with nothing seen, a shadow
+with nothing heard). Each factor is drawn independently and uniformly, so each modality alone is
+independent of the label: an image-only or audio-only model sits at exactly 50%.
 """
 
 from __future__ import annotations
@@ -47,10 +53,16 @@ try:
 except ImportError:  # Windows: no flock; the atomic rename alone still keeps a half dataset invisible
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CLASSES", "GENERATOR_VERSION", "IndustrialDataModule", "make_industrial"]
+__all__ = ["BINDING_CLASSES", "CLASSES", "GENERATOR_VERSION", "TASKS", "IndustrialDataModule", "make_industrial"]
 
 CLASSES = ("idle", "fault", "passerby", "collision")
 """Class order: index = 2 * moving_shadow + transient."""
+
+BINDING_CLASSES = ("mismatch", "match")
+"""Classes of ``task="binding"``: index = whether a moving shadow and a transient are both present or both absent."""
+
+TASKS = ("default", "binding")
+"""The labelling tasks of the generator (see the module docstring)."""
 
 GENERATOR_VERSION = 3
 """Bump when the generator's output changes, so cached datasets are regenerated."""
@@ -69,6 +81,7 @@ def make_industrial(
     image_size: int = 64,
     sample_rate: int = 16000,
     clip_seconds: float = 1.0,
+    task: str = "default",
 ) -> Path:
     """Generate the synthetic industrial dataset into ``out_dir`` (or reuse it if already there).
 
@@ -89,6 +102,10 @@ def make_industrial(
         image_size: Image side in pixels.
         sample_rate: Audio samples per second.
         clip_seconds: Clip length.
+        task: ``"default"`` (the four classes above) or ``"binding"`` (``match`` when a moving shadow
+            and a transient are both present or both absent, else ``mismatch``: each modality alone is
+            independent of the label; the manifests get ``shadow`` and ``sound`` columns, ``moving`` /
+            ``transient`` or ``none``).
 
     Returns:
         ``out_dir`` as a `Path`.
@@ -104,13 +121,20 @@ def make_industrial(
         ...     (root / "classes.txt").read_text().split(), sorted(p.name for p in root.glob("*.csv"))
         (['idle', 'fault', 'passerby', 'collision'], ['train.csv', 'val.csv'])
     """
-    args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds)
+    args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task)
     _generate_once(Path(out_dir), args)
     return Path(out_dir)
 
 
 def _arguments(
-    n_train: int, n_val: int, n_test: int, seed: int, image_size: int, sample_rate: int, clip_seconds: float
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    seed: int,
+    image_size: int,
+    sample_rate: int,
+    clip_seconds: float,
+    task: str = "default",
 ) -> dict[str, Any]:
     """The generator's arguments as a plain dict (what the stamp and the cache key record), checked."""
     if n_train < 1 or n_val < 0 or n_test < 0:
@@ -120,6 +144,8 @@ def _arguments(
             f"need image_size >= 16, sample_rate >= 16000 (the sounds reach 7 kHz) and clip_seconds >= 0.5 "
             f"(room for a transient), got {image_size}, {sample_rate}, {clip_seconds}"
         )
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     return {
         "n_train": int(n_train),
         "n_val": int(n_val),
@@ -128,11 +154,17 @@ def _arguments(
         "image_size": int(image_size),
         "sample_rate": int(sample_rate),
         "clip_seconds": float(clip_seconds),
+        "task": task,
     }
 
 
 def _stamp(args: dict[str, Any]) -> dict[str, Any]:
-    return {"generator": "industrial", "version": GENERATOR_VERSION, "args": args}
+    # The task is part of the stamp (and so of the cache key) except for the default task, whose
+    # stamp stays the one written before tasks existed: those datasets and caches are still reused.
+    args = dict(args)
+    task = args.pop("task", "default")
+    stamp = {"generator": "industrial", "version": GENERATOR_VERSION, "args": args}
+    return stamp if task == "default" else {**stamp, "task": task}
 
 
 def _is_complete(out_dir: Path, args: dict[str, Any]) -> bool:
@@ -206,26 +238,35 @@ def _write_files(files: list[tuple[str, bytes]]) -> None:
 
 
 def _render_splits(root: Path, args: dict[str, Any], events: list[tuple[str, Event]], write: Any) -> None:
+    binding = args["task"] == "binding"
+    header = ["image", "audio", "label", "mask", "events"] + (["shadow", "sound"] if binding else [])
     for split_id, split in enumerate(_SPLITS):
         count = args[f"n_{split}"]
         if count == 0:
             continue
-        # Exactly balanced classes (up to n % 4), in a seeded random order.
+        # Exactly balanced classes (up to n % 4), in a seeded random order. The binding task renders the
+        # very same four (shadow, transient) combinations and only labels them otherwise.
         labels = np.random.default_rng([args["seed"], split_id]).permutation(np.arange(count) % len(CLASSES))
         rows = []
         for index, label in enumerate(labels.tolist()):
             name = f"{split}_{index:05d}"
             event = _write_sample(root, name, label, (args["seed"], split_id, index), args, write)
-            rows.append([f"images/{name}.png", f"audio/{name}.wav", CLASSES[label], f"masks/{name}.png", "events.tsv"])
+            row = [f"images/{name}.png", f"audio/{name}.wav", CLASSES[label], f"masks/{name}.png", "events.tsv"]
+            if binding:
+                moving, transient = label >= 2, label % 2 == 1
+                row[2] = BINDING_CLASSES[int(moving == transient)]
+                row += ["moving" if moving else "none", "transient" if transient else "none"]
+            rows.append(row)
             if event is not None:
                 events.append((f"{name}.wav", event))
-        _write_table(root / f"{split}.csv", ["image", "audio", "label", "mask", "events"], rows, ",")
+        _write_table(root / f"{split}.csv", header, rows, ",")
 
 
 def _finish(root: Path, args: dict[str, Any], events: list[tuple[str, Event]]) -> None:
     rows = [[name, f"{e.onset:.3f}", f"{e.offset:.3f}", e.label] for name, e in events]
     _write_table(root / "events.tsv", ["filename", "onset", "offset", "event_label"], rows, "\t")
-    (root / "classes.txt").write_text("".join(f"{name}\n" for name in CLASSES))
+    classes = BINDING_CLASSES if args["task"] == "binding" else CLASSES
+    (root / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
     # Fixed event order, whatever transients a small dataset happens to contain.
     (root / "event_classes.txt").write_text("".join(f"{name}\n" for name in EVENT_TYPES))
     (root / _STAMP).write_text(json.dumps(_stamp(args), indent=2) + "\n")
@@ -289,7 +330,8 @@ def _cache_dir(args: dict[str, Any]) -> Path:
     """``$SSS_CACHE`` (else ``~/.cache/sss``) ``/industrial-<hash of the arguments and the generator version>``."""
     base = Path(os.environ["SSS_CACHE"]) if os.environ.get("SSS_CACHE") else Path.home() / ".cache" / "sss"
     key = hashlib.sha256(json.dumps(_stamp(args), sort_keys=True).encode()).hexdigest()[:10]
-    return base / f"industrial-{key}"
+    task = args.get("task", "default")
+    return base / (f"industrial-{key}" if task == "default" else f"industrial-{task}-{key}")
 
 
 class IndustrialDataModule(ManifestDataModule):
@@ -310,12 +352,16 @@ class IndustrialDataModule(ManifestDataModule):
         image_size: Image side in pixels.
         sample_rate: Audio samples per second.
         clip_seconds: Clip length.
-        pin_memory: Page-locked batches for faster copies to a GPU.
+        pin_memory: Page-locked batches for faster copies to a GPU; ``"auto"``: on when they go to a CUDA device.
+        persistent_workers: Keep workers alive between epochs; None: on with workers (see `ManifestDataModule`).
+        prefetch_factor: Batches each worker prepares ahead; None: torch's default (only with workers).
         augment: Random-resized-crop and flip in training. Off by default here: resizing a crop
             up softens the sharp static shadows, and soft edges are exactly the moving-shadow cue.
         cache: None or ``"features"`` (see `ManifestDataModule`).
         cache_dir: Parent folder of feature caches.
         n_mels: Mel bins of cached features (the model's ``n_mels``).
+        task: ``"default"`` (classes `CLASSES`) or ``"binding"`` (classes `BINDING_CLASSES`: the label
+            is whether the image and the audio agree; see `make_industrial`).
 
     Example:
         >>> import tempfile
@@ -342,18 +388,23 @@ class IndustrialDataModule(ManifestDataModule):
         image_size: PositiveInt = 64,
         sample_rate: PositiveInt = 16000,
         clip_seconds: PositiveFloat = 1.0,
-        pin_memory: bool = False,
+        pin_memory: bool | Literal["auto"] = "auto",
+        persistent_workers: bool | None = None,
+        prefetch_factor: PositiveInt | None = None,
         augment: bool = False,
         cache: Literal["features"] | None = None,
         cache_dir: str | None = None,
         n_mels: PositiveInt = 64,
+        task: Literal["default", "binding"] = "default",
     ) -> None:
-        self.generator_args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds)
+        self.generator_args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task)
         super().__init__(
             str(_cache_dir(self.generator_args) if root is None else root),
             batch_size=batch_size,
             num_workers=num_workers,
             pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
             image_size=image_size,
             sample_rate=sample_rate,
             clip_seconds=clip_seconds,
@@ -363,7 +414,7 @@ class IndustrialDataModule(ManifestDataModule):
             cache_dir=cache_dir,
             seed=seed,
         )
-        self.classes = list(CLASSES)
+        self.classes = list(BINDING_CLASSES if task == "binding" else CLASSES)
 
     def setup(self, stage: str) -> None:
         """Generate the dataset if it is not there yet, then read its manifests."""

@@ -7,12 +7,14 @@ import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from sss import __version__
 from sss.callbacks.base import Callback
+from sss.callbacks.ema import EMA, weights_note
 from sss.callbacks.hub import HubPush
 from sss.callbacks.plots import Plots
 from sss.callbacks.stock import add_stock_callbacks
@@ -24,25 +26,27 @@ from sss.checkpoint import (
     lock_folder,
     newest_verified,
     recover_leftovers,
+    resize_history,
     verify_checkpoint,
 )
 from sss.config import SSSConfig, instantiate, to_yaml
 from sss.errors import HubPushError
 from sss.evaluation import evaluate, flat_results, print_evaluation
 from sss.model_folder import export_model
+from sss.run.hub_resume import fetch_checkpoint, hub_source
 from sss.run.parts import build_parts, process_state
 from sss.trainer.trainer import SSSTrainer
 
 __all__ = ["run_fit"]
 
 
-def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
+def run_fit(cfg: SSSConfig, resume: str | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train the run described by `cfg`; return (and write to OUTPUT_DIR/results.json) its results.
 
     `resume` is ``"latest"`` (the newest checkpoint in OUTPUT_DIR that verifies), ``"auto"`` (the same,
     or a fresh start when OUTPUT_DIR holds no checkpoint) or a checkpoint path; None takes
     ``trainer.resume`` (``never``: a fresh run). The main process holds OUTPUT_DIR's lock
-    (``.sss.lock``) for the whole run.
+    (``.sss.lock``) for the whole run. `callbacks` run after the config's own (an engine's: Ray's metric reports).
     """
     wall_start = time.perf_counter()
     resume = cfg.trainer.resume if resume is None else resume  # the --resume flag, when given, wins over the key
@@ -50,10 +54,12 @@ def run_fit(cfg: SSSConfig, resume: str | None = None) -> dict[str, Any]:
     state = process_state(cfg)  # after every process of a launched run met the others (trainer.rendezvous_timeout)
     cfg.trainer.output_dir, lock = _output_dir(cfg, resume, state)
     with lock:
-        return _fit_holding_the_folder(cfg, resume, state, wall_start)
+        return _fit_holding_the_folder(cfg, resume, state, wall_start, callbacks)
 
 
-def _fit_holding_the_folder(cfg: SSSConfig, resume: str | None, state: Any, wall_start: float) -> dict[str, Any]:
+def _fit_holding_the_folder(
+    cfg: SSSConfig, resume: str | None, state: Any, wall_start: float, extra: Sequence[Callback] = ()
+) -> dict[str, Any]:
     ckpt = _resume_path(Path(cfg.trainer.output_dir), resume, state)
     if ckpt is not None:
         _refuse_finished_run(Path(cfg.trainer.output_dir), ckpt, cfg)
@@ -63,7 +69,7 @@ def _fit_holding_the_folder(cfg: SSSConfig, resume: str | None, state: Any, wall
         print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in parts.from_data.items()))
     # First at FIT_END: the callbacks after it (a Hub push, plots) see the per-modality figures.
     final = _FinalEvaluation(datamodule)
-    callbacks = [final, *(instantiate(spec) for spec in cfg.callbacks)]
+    callbacks = [final, *(instantiate(spec) for spec in cfg.callbacks), *extra]
     trainer = add_stock_callbacks(SSSTrainer(cfg.trainer, callbacks=callbacks, run_config=dataclasses.asdict(cfg)))
     out = trainer.output_dir
     if state.is_main_process:
@@ -77,9 +83,12 @@ def _fit_holding_the_folder(cfg: SSSConfig, resume: str | None, state: Any, wall
     model_dir = out / "model"
     # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
     full = trainer.accelerator.get_state_dict(trainer.model)
+    ema = next((c for c in trainer.callbacks if isinstance(c, EMA) and c.export and c.ema is not None), None)
     if state.is_main_process:
-        weights = {k.removeprefix("module."): v for k, v in full.items()}
-        export_model(module, cfg, {**results, **record}, model_dir, datamodule, state_dict=weights)
+        weights = {k.removeprefix("module."): v for k, v in full.items()} if ema is None else ema.weights()
+        note = None if ema is None else weights_note(ema)  # callbacks: [{_target_: sss.callbacks.EMA, export: true}]
+        card = {**results, **record}
+        export_model(module, cfg, card, model_dir, datamodule, state_dict=weights, weights_source=note)
     results.update(wall_seconds=round(time.perf_counter() - wall_start, 2), **record)
     results.update(checkpoint_dir=trainer.state.last_checkpoint, model_dir=str(model_dir))
     plots = next((c.files for c in trainer.callbacks if isinstance(c, Plots)), [])
@@ -140,6 +149,14 @@ def _run_record(trainer: SSSTrainer, final: _FinalEvaluation, ckpt: Path | None)
     # from step 0; train_samples_per_second is null when the segment trained nothing.
     state, seconds = trainer.state, final.segment_seconds
     samples = state.samples - final.start_samples
+    # The changes of process count since step 0 (trainer.resume_resize): the newest checkpoint of this segment
+    # records them (the resumed one may be rotated away by now); without one, the resumed checkpoint tells.
+    resized, last = [], Path(state.last_checkpoint) if state.last_checkpoint else None
+    if ckpt is not None and last is not None and last != ckpt:
+        resized = json.loads((last / "trainer_state.json").read_text()).get("resized_from", [])
+    elif ckpt is not None:
+        saved = json.loads((ckpt / "trainer_state.json").read_text())
+        resized = resize_history(saved, trainer.accelerator.num_processes)
     # The epoch the run stopped in, when max_steps (or a callback) ended it before the epoch's end: how far it got.
     if final.epoch_ended is not None:
         epoch, batch_idx = final.epoch_ended
@@ -160,6 +177,7 @@ def _run_record(trainer: SSSTrainer, final: _FinalEvaluation, ckpt: Path | None)
         "mixed_precision": trainer.accelerator.mixed_precision,
         "num_processes": trainer.accelerator.num_processes,
         "resumed_from": None if ckpt is None else str(ckpt),
+        "resized_from": resized or None,  # [{num_processes, global_step}] of each change; null: never changed
         "sss_version": __version__,
     }
     commit = _code_commit()
@@ -267,7 +285,8 @@ def _claim(chosen: str, default: str, resume: str | None) -> tuple[str, contextl
 
 
 def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
-    # The checkpoint to resume, verified first. A given path must verify (no silent fallback);
+    # The checkpoint to resume, verified first. A given path (or hub://OWNER/REPO[@REVISION], downloaded
+    # into OUTPUT_DIR/checkpoints) must verify (no silent fallback);
     # "latest" falls back to the newest checkpoint that verifies and says which newer ones are
     # damaged and why; "auto" does the same and starts fresh when there is no checkpoint at all.
     # The main process, which holds the folder, cleans up what interrupted saves and rotations
@@ -276,6 +295,8 @@ def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
 
     if resume is None:
         return None
+    if hub_source(resume) is not None:  # downloaded and verified by the main process (sss/run/hub_resume.py)
+        return fetch_checkpoint(resume, out, state)
     if resume not in ("latest", "auto"):
         try:
             verify_checkpoint(resume)

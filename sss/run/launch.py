@@ -22,6 +22,7 @@ __all__ = [
     "Setting",
     "accelerate_config",
     "apply_launch_settings",
+    "child_environment",
     "launch_command",
     "launcher_argv",
     "launcher_flags",
@@ -302,7 +303,25 @@ def relaunch(num_processes: int, args: list[str]) -> int:
 
     cmd = launch_command(num_processes, ["-m", "sss", *args])
     print("sss: launching", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env={**os.environ, "SSS_LAUNCH_RESOLVED": "1"})
+    return subprocess.call(cmd, env=child_environment())
+
+
+def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of the processes `relaunch` starts: this one's, with the settings they must have at start.
+
+    ``MKL_CBWR`` (MKL reads it when torch loads: one floating-point path in every process) defaults
+    to ``AUTO,STRICT``; ``CUBLAS_WORKSPACE_CONFIG`` (``trainer.deterministic``) passes on as it is.
+
+    Example:
+        >>> child_environment({"PATH": "/bin"})
+        {'PATH': '/bin', 'MKL_CBWR': 'AUTO,STRICT', 'SSS_LAUNCH_RESOLVED': '1'}
+        >>> child_environment({"MKL_CBWR": "COMPATIBLE"})["MKL_CBWR"]  # the user's own choice stays
+        'COMPATIBLE'
+    """
+    out = dict(os.environ if env is None else env)
+    out.setdefault("MKL_CBWR", "AUTO,STRICT")
+    out["SSS_LAUNCH_RESOLVED"] = "1"
+    return out
 
 
 def launch_command(num_processes: int, target: list[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ def predict(
     device: str = "cpu",
     trust_code: bool = False,
     overrides: list[str] | tuple[str, ...] = (),
+    runtime: str = "torch",
 ) -> Path:
     """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
 
@@ -50,18 +52,22 @@ def predict(
     model folder's ``preprocessing.json``. Columns: ``row`` (the manifest line), the input paths,
     ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one
     ``prob_<class>`` per class.
-    """
-    from torch.utils.data import DataLoader
 
-    from sss.data.manifest import ManifestDataset, collate
-    from sss.trainer.module import output_logits
+    ``runtime="onnx"`` runs the folder's ``model.onnx`` (``sss export ... --format onnx``) with
+    onnxruntime instead of building the PyTorch module (`sss.onnx_export.OnnxRunner`; CUDA when
+    `device` is ``cuda`` and onnxruntime-gpu is installed); the same CSV. It takes no ``model.*`` override.
+    """
+    from sss.data.manifest import ManifestDataset
 
     model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
     if output.exists():
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
     prep_file = model_dir / PREPROCESSING
     prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
-    module, reading = _model(model_dir, list(overrides), device, trust_code)
+    if runtime == "onnx":
+        module, reading = _onnx_model(model_dir, list(overrides), device)
+    else:
+        module, reading = _model(model_dir, list(overrides), device, trust_code)
     settings = {key: prep[key] for key in SETTINGS if key in prep}
     skip_log = output.with_name(f"{output.stem}.skipped.csv")
     if reading.get("on_error") == "skip" and skip_log.exists():
@@ -77,7 +83,38 @@ def predict(
     )
     classes = prep.get("classes") or dataset.classes
     multilabel = prep.get("task") == "multilabel"
-    rows: dict[int, torch.Tensor] = {}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with output.open("x", newline="") as f:  # "x": an --output that appeared meanwhile is not overwritten
+            _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
+    except FileExistsError:
+        raise FileExistsError(f"{output} already exists; choose another --output or remove it") from None
+    except BaseException:
+        output.unlink(missing_ok=True)  # our partial CSV: a failed run leaves no output that looks complete
+        raise
+    if skipped := dataset.skip_log.rows():
+        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
+    return output
+
+
+def _write_rows(
+    file: Any,
+    module: Any,
+    dataset: Any,
+    batch_size: int,
+    device: str,
+    classes: list[str] | None,
+    multilabel: bool,
+    root: Path,
+) -> None:
+    # Each batch's rows are written as they come, so memory stays flat over any number of rows (the
+    # torch and the onnx runtime alike: both run predict_step here, not through SSSTrainer.predict).
+    from torch.utils.data import DataLoader
+
+    from sss.data.manifest import collate
+    from sss.trainer.module import output_logits
+
+    writer, last, names = csv.writer(file), -1, None
     with torch.no_grad():
         for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -85,22 +122,25 @@ def predict(
             if logits is None:
                 raise RuntimeError(f"{type(module).__name__}.predict_step returned no class logits to write")
             probs = (logits.sigmoid() if multilabel else logits.softmax(-1)).float().cpu()
+            if names is None:
+                names = classes or [str(k) for k in range(probs.shape[-1])]
+                writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
             for index, p in zip(batch["index"].tolist(), probs, strict=True):
-                rows.setdefault(index, p)  # a skipped row is served as the next good one: that one once
-    names = classes or [str(k) for k in range(probs.shape[-1])]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
-        for index, p in rows.items():
-            top = (
-                ";".join(c for c, q in zip(names, p, strict=True) if q > 0.5) if multilabel else names[int(p.argmax())]
-            )
-            inputs = [_relative(getattr(dataset, key), index, manifest.parent) for key in ("images", "audio")]
-            writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
-    if skipped := dataset.skip_log.rows():
-        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
-    return output
+                # A skipped row is served as the next good one (wrapping to the first rows at the end),
+                # and the loader is in order: an index not above the last one written is such a repeat.
+                if index <= last:
+                    continue
+                last = index
+                top = (
+                    ";".join(c for c, q in zip(names, p, strict=True) if q > 0.5)
+                    if multilabel
+                    else names[int(p.argmax())]
+                )
+                inputs = [_relative(getattr(dataset, key), index, root) for key in ("images", "audio")]
+                writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
+            file.flush()  # each batch's rows are on disk before the next batch runs
+    if names is None:  # no row read: the header, with the classes when the folder names them
+        writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in classes or [])])
 
 
 def _model(model_dir: Path, overrides: list[str], device: str, trust_code: bool) -> tuple[torch.nn.Module, dict]:
@@ -128,6 +168,25 @@ def _model(model_dir: Path, overrides: list[str], device: str, trust_code: bool)
         module, model_dir, "A model.* override must keep the architecture the weights were trained with."
     )
     return module.to(device).eval(), reading
+
+
+def _onnx_model(model_dir: Path, overrides: list[str], device: str) -> tuple[Any, dict]:
+    # The graph runs no code the folder names, so no allowlist; a model.* override cannot change a graph.
+    from sss.onnx_export import OnnxRunner
+
+    source, sources = model_dir / "config.yaml", {}
+    for item in overrides:
+        if item.split("=", 1)[0] not in INPUT_OVERRIDES:
+            raise ConfigError(
+                f"{source}: override {item!r}: sss predict --runtime onnx runs the exported graph as it is; it takes "
+                "data.allow_outside_root=true and data.on_error=skip (model.* overrides: use --runtime torch)"
+            )
+    runner = OnnxRunner(model_dir, device)
+    if not overrides:
+        return runner, {}
+    cfg = load_config(source, overrides, sources)
+    given = [key for key in INPUT_OVERRIDES if sources.get(key) == "override"]
+    return runner, {key.split(".", 1)[1]: cfg.data[key.split(".", 1)[1]] for key in given}
 
 
 def _relative(paths: list[str], index: int, root: Path) -> str:

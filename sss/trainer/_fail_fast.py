@@ -9,6 +9,7 @@ keeps nothing it computed. So a run with them trains bitwise the same as one wit
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,7 +22,7 @@ from sss.trainer.state import TrainState
 if TYPE_CHECKING:
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["check_first_batch", "sanity_validate"]
+__all__ = ["check_first_batch", "check_gradients", "sanity_validate"]
 
 
 def _input_keys(trainer: SSSTrainer) -> Any:
@@ -128,3 +129,28 @@ def sanity_validate(trainer: SSSTrainer, loader: Any) -> None:
         gradient_state.dataloader_references = stack
         if epoch is not None:
             loader.iteration = epoch
+
+
+def check_gradients(module: torch.nn.Module, find_unused: bool, is_main: bool) -> bool:
+    """After the first backward: name the parameters that got no gradient (an error unless `find_unused`).
+
+    Returns True (checked), so the loop runs it once. Example:
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> layer(torch.ones(1, 2)).sum().backward()
+        >>> check_gradients(layer, find_unused=False, is_main=True)
+        True
+    """
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
+    if not missing:
+        return True
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    message = (
+        f"{len(missing)} parameter(s) of {type(module).__name__} got no gradient in the first step: {shown}. "
+        "Use them in the loss, freeze them with requires_grad_(False), or, if they are unused only in some "
+        "steps (e.g. the encoder of a modality the data lacks), set trainer.find_unused_parameters=true."
+    )
+    if not find_unused:
+        raise RuntimeError(message)
+    if is_main:
+        warnings.warn(message, stacklevel=2)
+    return True

@@ -5,7 +5,9 @@ trainer. The trainer's step router stamps each value with the step method and th
 the call that logged it (`stamp`); `ModuleLogs` then takes them from the buffer: at each optimizer
 step (a step value is the mean over the step's micro-batches, published to ``state.logs`` at the
 logging steps), at the end of an epoch and of an evaluation pass (one all-reduce of the sums and
-counts of every process). Values stay tensors until then: logging costs no device sync per step.
+counts of every process). Values stay tensors until then: logging costs no device sync per step, and
+a step's values reach ``state.logs`` as device tensors, which the logging callbacks read with the loss
+in one transfer at the logging step.
 """
 
 from __future__ import annotations
@@ -128,6 +130,24 @@ class _Sums:
             totals = accelerator.reduce(totals, reduction="sum")
         return dict(zip(names, (totals[0] / totals[1]).tolist(), strict=True))  # the one device sync
 
+    def tensors(self) -> dict[str, Tensor]:
+        """This process's weighted means as one-element tensors on the values' device: no device sync."""
+        return {name: self.sums[name] / self.weights[name] for name in sorted(self.sums)}
+
+
+def _read_logs(state: Any) -> None:
+    # Device values callbacks and the step logs left in state.logs (no logger read them): floats by the epoch's end,
+    # in one transfer per device, so that what a fit leaves behind is plain numbers.
+    tensors = {k: v for k, v in state.logs.items() if isinstance(v, Tensor) and v.numel() == 1}
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in tensors.items():
+        by_device.setdefault(value.device, []).append(key)
+    for device, keys in by_device.items():
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        values = torch.stack([tensors[k].detach().reshape(()).to(dtype) for k in keys]).tolist()
+        state.logs.update(zip(keys, values, strict=True))
+        state.bar.update({k: v for k, v in zip(keys, values, strict=True) if k in state.bar})
+
 
 def _train_names(entry: Logged) -> tuple[str | None, str | None]:
     # A name gets the train/ prefix (unless it has it); logged per step and per epoch, it ends in _step / _epoch.
@@ -168,7 +188,7 @@ class ModuleLogs:
         ...     stamp(module, "training_step", size, len(module._logged) - 1)
         >>> logs, state = ModuleLogs(), TrainState(global_step=10)
         >>> logs.end_window(module, state, every_n_steps=10, replays=False)
-        >>> state.logs  # the step's value: the mean over its 3 samples
+        >>> {k: float(v) for k, v in state.logs.items()}  # the step's value: the mean over its 3 samples
         {'train/x_step': 2.0}
         >>> logs.end_epoch(module, state, SimpleNamespace(num_processes=1, device="cpu", log=lambda v, step: None))
         >>> state.metrics
@@ -205,13 +225,16 @@ class ModuleLogs:
                 self.epoch.add(epoch_name, entry)
         due = every_n_steps > 0 and state.global_step % every_n_steps == 0 and not state.step_was_skipped
         if step.sums and due:
-            values = step.means()  # the main process's values, as train/loss (no cross-process sync per step)
+            # The main process's values, as train/loss (no cross-process sync per step), left on the
+            # device: the logging callbacks read them with the loss in one transfer.
+            values = step.tensors()
             state.logs.update(values)
             state.bar.update({k: v for k, v in values.items() if k in step.bar})
 
     def end_epoch(self, module: nn.Module, state: Any, accelerator: Any) -> None:
         """The epoch's means over all processes into ``state.metrics`` (and the bar), and to the trackers now."""
         self.end_window(module, state, every_n_steps=0, replays=False)  # a window cut short (state.should_stop)
+        _read_logs(state)
         epoch, self.epoch = self.epoch, _Sums()
         values = epoch.means(accelerator)
         if values:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
 
 __all__ = [
+    "CUBLAS_WORKSPACE",
+    "apply_deterministic",
     "build_accelerator",
     "build_optimizer",
+    "count_total_steps",
     "fast_dev_config",
     "resolve_precision",
     "split_param_groups",
@@ -80,6 +84,46 @@ def with_overrides(config: TrainerConfig, overrides: dict[str, Any]) -> TrainerC
     return dataclasses.replace(config, **overrides)
 
 
+CUBLAS_WORKSPACE = ":4096:8"
+"""The ``CUBLAS_WORKSPACE_CONFIG`` that makes cuBLAS deterministic (CUDA >= 10.2); read at its first call."""
+
+
+def apply_deterministic(cfg: TrainerConfig) -> bool:
+    """Turn on the deterministic mode of ``trainer.deterministic`` (process-wide); whether it did.
+
+    Sets ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic implementation
+    raises), ``torch.backends.cudnn.deterministic = True`` and ``benchmark = False``, and
+    ``CUBLAS_WORKSPACE_CONFIG`` when unset (cuBLAS reads it at its first call: ``sss fit`` sets it
+    before anything touches CUDA). ``MKL_CBWR`` cannot be set here: MKL read it when torch loaded, so
+    an unset one is a warning saying how to set it. ``deterministic=False`` changes nothing, so a
+    mode the user turned on themselves stays on.
+
+    Example:
+        >>> apply_deterministic(TrainerConfig())
+        False
+    """
+    import os
+    import warnings
+
+    from sss.warnings import SSSWarning
+
+    if not cfg.deterministic:
+        return False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)  # not warn_only: a non-deterministic op must not pass unseen
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False  # benchmarking picks the fastest kernel per run, not the same one
+    if "MKL_CBWR" not in os.environ:
+        warnings.warn(
+            "trainer.deterministic=true but MKL_CBWR is unset, and MKL read it when torch was imported: another "
+            "process may take another floating-point path and train different weights. Set MKL_CBWR=AUTO,STRICT "
+            "in the environment before Python starts (or before `import torch`); `sss fit` sets it itself",
+            SSSWarning,
+            stacklevel=3,
+        )
+    return True
+
+
 def build_accelerator(cfg: TrainerConfig) -> Accelerator:
     """The `Accelerator` of `cfg`: device, resolved precision, accumulation, seedable sampler, plugins.
 
@@ -91,6 +135,7 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
     from sss.config.sharding import describe
     from sss.trainer.sharding import accelerator_plugins
 
+    apply_deterministic(cfg)  # before anything runs on the device: cuBLAS reads its workspace setting once
     cpu = use_cpu(cfg.cpu)
     device = PartialState(cpu=cpu).device
     precision = resolve_precision(cfg.mixed_precision, device)
@@ -102,7 +147,9 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
         cpu=cpu,
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        # non_blocking: batches from pinned memory (data.pin_memory) copy to a GPU while it computes; elsewhere
+        # the copy is synchronous as before (a CPU run does not copy at all)
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=True),
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
         step_scheduler_with_optimizer=False,
@@ -143,7 +190,8 @@ def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> 
     The optimizer's ``weight_decay`` applies to the groups `LitModule.parameter_groups` decays;
     ``trainer.optim.param_groups`` splits those groups by parameter name (`split_param_groups`). The
     scheduler's ``_target_`` receives the optimizer and, when it accepts ``total_steps`` and the
-    config does not set it, `total_steps`: the optimizer steps of the whole run.
+    config does not set it, `total_steps`: the optimizer steps of the whole run (what a relative
+    schedule such as ``cosine_with_warmup(warmup_ratio=0.05)`` is a fraction of).
 
     Example:
         >>> from sss.testing import BoringModule
@@ -232,3 +280,18 @@ def _no_match(i: int, globs: list[str], hits: list[str], taken: dict[str, int], 
         f"{key}: {pattern} matches no parameter of {type(module).__name__}; its parameter names start with "
         f"{parts} (e.g. {example}), and a glob matches the whole name: write 'image_encoder.*', not 'image_encoder'"
     )
+
+
+def count_total_steps(loader: Any, cfg: TrainerConfig, accumulation: int) -> int:
+    """Optimizer steps a fit will run: the smaller of ``max_steps`` and the epochs' windows (0: unknown).
+
+    Example:
+        >>> count_total_steps(range(10), TrainerConfig(max_epochs=3), accumulation=2)
+        15
+    """
+    batches = len(loader) if hasattr(loader, "__len__") else 0
+    if cfg.limit_train_batches:
+        batches = min(batches, cfg.limit_train_batches) if batches else cfg.limit_train_batches
+    per_epoch = math.ceil(batches / accumulation)
+    candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]
+    return min(candidates) if candidates else 0

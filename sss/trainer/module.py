@@ -7,7 +7,9 @@ tested without a trainer.
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -18,7 +20,7 @@ from torch import Tensor, nn
 from sss.trainer._batches import batch_size
 from sss.trainer._logging import Logged, new_buffer
 
-__all__ = ["LitModule", "WrappedModel", "output_logits"]
+__all__ = ["LitModule", "WrappedModel", "compute_metrics", "output_logits"]
 
 Batch = dict[str, Any]
 
@@ -478,3 +480,27 @@ def output_logits(outputs: Any) -> Tensor | None:
     if isinstance(outputs, dict) and isinstance(outputs.get("logits"), Tensor):
         return outputs["logits"]
     return None
+
+
+def compute_metrics(module: Any, outputs: dict[str, torch.Tensor], classes: list[str] | None) -> dict[str, float]:
+    """Call ``module.compute_metrics`` with the class names, or without them for a one-argument override.
+
+    Example:
+        >>> class Old:  # an override with the one-argument signature of earlier versions
+        ...     def compute_metrics(self, outputs):
+        ...         return {"n": float(len(outputs["preds"]))}
+        >>> compute_metrics(Old(), {"preds": torch.zeros(3)}, None)
+        {'n': 3.0}
+    """
+    compute = module.compute_metrics
+    params = inspect.signature(compute).parameters.values()
+    if any(p.name == "classes" or p.kind is p.VAR_KEYWORD for p in params):
+        return compute(outputs, classes=classes)
+    if classes:  # an override with the one-argument signature of earlier versions
+        warnings.warn(
+            f"{type(module).__name__}.compute_metrics(outputs) takes no class names, so per-class metrics "
+            "are named by class index: define it as compute_metrics(self, outputs, classes=None) and pass "
+            "classes=classes on to super().compute_metrics",
+            stacklevel=3,
+        )
+    return compute(outputs)

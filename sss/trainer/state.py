@@ -52,10 +52,12 @@ class TrainState:
     eval_outputs: dict[str, Any] = field(default_factory=dict)
     """The gathered `validation_step` outputs of the latest evaluation pass (e.g. ``preds``, ``target``),
     padding duplicates dropped; what `compute_metrics` saw. Replaced by the next pass."""
-    logs: dict[str, float] = field(default_factory=dict)
+    logs: dict[str, Any] = field(default_factory=dict)
     """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``), and the step
     values the module logs (``self.log``), published at every ``trainer.log.every_n_steps``-th step; the
-    metrics logger writes them at its next logging step and clears them."""
+    metrics logger writes them at its next logging step and clears them. Values may be one-element device
+    tensors until a logging step reads them all at once (`sss.callbacks.metrics_logger.step_figures`: one
+    host sync), and are floats after that."""
     bar: dict[str, float] = field(default_factory=dict)
     """Latest value of each name the module logged with ``self.log(..., prog_bar=True)``, for the progress bar."""
     skip_step: bool = False
@@ -67,3 +69,10 @@ class TrainState:
     """Folder of the latest complete checkpoint."""
     exception: BaseException | None = None
     """The error `fit` is failing with, during the EXCEPTION event."""
+    prediction: Any = None
+    """`predict`: the latest batch's `predict_step` output gathered from all processes (padding dropped)."""
+    rank_prediction: Any = None
+    """`predict`: the latest batch's `predict_step` output of this process only, less the rows a distributed
+    sampler repeated to pad the last batch (what a per-process writer writes)."""
+    batch: Any = None
+    """`predict`: the latest batch as this process loaded it (padding rows included)."""

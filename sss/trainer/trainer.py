@@ -8,9 +8,7 @@ distributed type. The map of events is in the `Event` docstring (``sss/callbacks
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
-import math
 import shutil
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,20 +23,24 @@ import sss.trainer._accelerate_compat as compat  # each Accelerate workaround, w
 from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
-from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss
-from sss.trainer._fail_fast import check_first_batch, sanity_validate
+from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss, zeroed
+from sss.trainer._dispatch import EMPTY as EMPTY_DISPATCH
+from sss.trainer._dispatch import DispatchTable
+from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_validate
 from sss.trainer._logging import ModuleLogs, stamp
 from sss.trainer._oom import SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
+from sss.trainer._resume import check_resumable, restore_rng_and_position
 from sss.trainer._setup import (
     build_accelerator,
     build_optimizer,
+    count_total_steps,
     fast_dev_config,
     resolve_precision,
     use_cpu,
     with_overrides,
 )
-from sss.trainer.module import LitModule
+from sss.trainer.module import LitModule, compute_metrics
 from sss.trainer.state import TrainState
 
 __all__ = ["SSSTrainer", "resolve_precision", "use_cpu"]
@@ -128,6 +130,10 @@ class SSSTrainer:
         self._resume_rng: dict[str, Any] | None = None
         self._run_batch: Any = self._forward_backward  # a SplittingRunner under trainer.auto_batch_size
         self._logs = ModuleLogs()  # what the module logs with self.log, collected and reduced (sss/trainer/_logging.py)
+        self._val_loader: Any = None  # the fit's validation loader, for trainer.val_every_n_steps
+        self._dispatch = EMPTY_DISPATCH  # event -> the callbacks' methods that override it (built in _fire)
+        self._resize_history: tuple[TrainState | None, list[dict[str, int]]] = (None, [])
+        """The process-count changes since step 0 (trainer.resume_resize), kept with the state they belong to."""
 
     @property
     def output_dir(self) -> Path:
@@ -170,6 +176,7 @@ class SSSTrainer:
         if hasattr(getattr(loader, "dataset", None), "set_epoch"):
             loader.dataset.set_epoch(state.epoch)  # so is a dataset's augmentation, when it offers that
         start, self._resume_batches = self._resume_batches, 0
+        self._val_loader = val_loader  # for trainer.val_every_n_steps, run from _train_step
         self._logs.start_epoch(self.module)
         self._fire(Event.EPOCH_START)
         for batch_idx, batch in self._epoch_batches(loader, start):
@@ -189,7 +196,7 @@ class SSSTrainer:
         last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
         ending = last_epoch or state.should_stop or self._max_steps_reached()
         due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
-        if val_loader is not None and (due or ending):
+        if val_loader is not None and (due or ending) and not self._step_validated():
             self._evaluate(val_loader, "val")
         self._fire(Event.EPOCH_END)
         if self._epoch_finished:
@@ -209,6 +216,7 @@ class SSSTrainer:
 
     def _train_step(self, batch: Any, batch_idx: int) -> None:
         state, accelerator = self.state, self.accelerator
+        step = state.global_step
         self._fire(Event.BATCH_START)
         with accelerator.accumulate(self.model):
             state.loss = self._run_batch(batch, batch_idx)  # training_step and backward
@@ -216,7 +224,24 @@ class SSSTrainer:
             state.samples += batch_size(batch) * accelerator.num_processes
             if accelerator.sync_gradients:  # the end of an accumulation window
                 self._optimizer_step()
+        if state.global_step != step and self._step_validated():
+            self._validate_mid_epoch()  # before BATCH_END: a checkpoint saved at this step ranks by it
         self._fire(Event.BATCH_END)
+
+    def _step_validated(self) -> bool:
+        # trainer.val_every_n_steps validates at every step that reaches a multiple of N, so an epoch-end
+        # pass at such a step would repeat it (the weights are the same); a resume lands on the same rule.
+        n, step = self.config.val_every_n_steps, self.state.global_step
+        return n is not None and step > 0 and step % n == 0 and self._val_loader is not None
+
+    def _validate_mid_epoch(self) -> None:
+        # The pass leaves training as it found it: the val loader's __iter__ draws a seed from the global
+        # RNG, and one left early (limit_val_batches) stays on Accelerate's dataloader stack, where it would
+        # hide the end of the training loader (the last window's sync).
+        rng, stack = ckpt_io.get_rng_state(), list(self.accelerator.gradient_state.dataloader_references)
+        self._evaluate(self._val_loader, "val")
+        self.accelerator.gradient_state.dataloader_references = stack
+        ckpt_io.set_rng_state(rng)
 
     def _optimizer_step(self) -> None:
         state, accelerator, cfg = self.state, self.accelerator, self.config
@@ -226,7 +251,7 @@ class SSSTrainer:
             torch._foreach_mul_(grads, window / state.micro_step)  # a mean over the window's real size
         accelerator.unscale_gradients()  # callbacks and clipping see true-scale fp16 gradients
         if not self._grads_checked:
-            self._check_gradients()
+            self._grads_checked = check_gradients(self.module, cfg.find_unused_parameters, accelerator.is_main_process)
         self._fire(Event.AFTER_BACKWARD)
         skipped = state.skip_step  # a callback discarded this window (e.g. a NaN loss under on_nan=skip)
         if skipped:
@@ -288,14 +313,51 @@ class SSSTrainer:
         return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), prefix, zero)
 
     def predict(
-        self, module: LitModule, datamodule: Any = None, *, dataloaders: Iterable[Any] | None = None
-    ) -> list[Any]:
-        """`predict_step` outputs per batch, gathered from all processes (padding duplicates dropped)."""
+        self,
+        module: LitModule,
+        datamodule: Any = None,
+        *,
+        dataloaders: Iterable[Any] | None = None,
+        return_predictions: bool = True,
+    ) -> list[Any] | None:
+        """`predict_step` outputs per batch, gathered from all processes (padding duplicates dropped).
+
+        After each batch's gather, PREDICT_BATCH_END fires with ``state.prediction`` (gathered),
+        ``state.rank_prediction`` (this process's rows, less the sampler's padding), ``state.batch`` and
+        ``state.batch_idx``; PREDICT_END fires after the last batch. With ``return_predictions=False``
+        nothing is kept and None is returned, so memory stays flat over any number of rows when a
+        callback writes the outputs as they come (`sss.callbacks.PredictionWriter`).
+
+        Example:
+            >>> from sss.testing import BoringModule, boring_loader
+            >>> trainer = SSSTrainer(mixed_precision="no", log={"progress": False, "trackers": []})
+            sss: mixed precision no
+            >>> [p.shape for p in trainer.predict(BoringModule(), dataloaders=boring_loader(n=10, batch_size=8))]
+            [torch.Size([8, 2]), torch.Size([2, 2])]
+        """
+        from accelerate.utils import recursively_apply
+
         loader = self._eval_loader(module, datamodule, dataloaders, "predict")
-        self.state.stage = "predict"
+        state, accelerator = self.state, self.accelerator
+        state.stage = "predict"
         self.model.eval()
+        kept: list[Any] = []
         with torch.no_grad():
-            return [self.accelerator.gather_for_metrics(self.model("predict_step", b, i)) for i, b in enumerate(loader)]
+            for batch_idx, batch in enumerate(loader):
+                output = self.model("predict_step", batch, batch_idx)
+                state.batch_idx, state.batch, state.rank_prediction = batch_idx, batch, output
+                if accelerator.num_processes > 1 and accelerator.gradient_state.end_of_dataloader:
+                    # the rows of this process that gather_for_metrics keeps (the rest repeat the first samples)
+                    size, remainder = batch_size(batch), accelerator.gradient_state.remainder
+                    real = size if remainder <= 0 else min(max(remainder - accelerator.process_index * size, 0), size)
+                    state.rank_prediction = recursively_apply(lambda t, n=real: t[:n], output)
+                state.prediction = accelerator.gather_for_metrics(output)
+                self._fire(Event.PREDICT_BATCH_END)
+                if return_predictions:
+                    kept.append(state.prediction)
+        state.batch = state.prediction = state.rank_prediction = None  # the last batch is not held after predict
+        self._fire(Event.PREDICT_END)
+        return kept if return_predictions else None
 
     def _evaluate(self, loader: Any, prefix: str, zero: str | None = None) -> dict[str, float]:
         state = self.state
@@ -308,7 +370,7 @@ class SSSTrainer:
         with torch.no_grad():
             for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
                 if zero is not None:
-                    batch = _zeroed(batch, zero)
+                    batch = zeroed(batch, zero)
                 outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
@@ -341,18 +403,7 @@ class SSSTrainer:
         return {key: torch.cat([torch.atleast_1d(part[key]) for part in parts]) for key in parts[0]}
 
     def _compute_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
-        compute, classes = self.module.compute_metrics, getattr(self.datamodule, "classes", None)
-        params = inspect.signature(compute).parameters.values()
-        if any(p.name == "classes" or p.kind is p.VAR_KEYWORD for p in params):
-            return compute(outputs, classes=classes)
-        if classes:  # an override with the one-argument signature of earlier versions
-            warnings.warn(
-                f"{type(self.module).__name__}.compute_metrics(outputs) takes no class names, so per-class metrics "
-                "are named by class index: define it as compute_metrics(self, outputs, classes=None) and pass "
-                "classes=classes on to super().compute_metrics",
-                stacklevel=2,
-            )
-        return compute(outputs)
+        return compute_metrics(self.module, outputs, getattr(self.datamodule, "classes", None))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: str | Path) -> Path:
@@ -390,17 +441,25 @@ class SSSTrainer:
         The folder is verified first (`sss.checkpoint.verify_checkpoint`: a missing, truncated or
         altered file raises `DamagedCheckpointError` naming it), then checked for pickles that would
         run code, and after ``load_state`` the RNG state must be the saved one.
+
+        A checkpoint of another process count resumes only under ``trainer.resume_resize``: the
+        weights, optimizer, schedule and counters restore exactly; the data position is the batch
+        that follows the samples already seen in the epoch (`sss.checkpoint.resized_resume_batch`),
+        and ranks the checkpoint has no RNG file for are seeded from process 0's
+        (`sss.checkpoint.seed_missing_rng`).
         """
         path = Path(path)
         meta = ckpt_io.verify_checkpoint(path)
-        self._check_resumable(path, meta)
+        check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record())
         ckpt_io.check_no_code_on_load(path)
         self.accelerator.load_state(str(path))
-        ckpt_io.check_rng_restored(path, self.accelerator.process_index)
         state = self.state
         state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
         state.batch_splits = meta.get("batch_splits", 1)
-        state.epoch, self._resume_batches = meta["resume_epoch"], meta["resume_batch"]
+        state.epoch = meta["resume_epoch"]
+        self._resume_batches = restore_rng_and_position(path, meta, self.accelerator)
+        # Kept with the state this fit trains (a new fit replaces it), for the checkpoints it writes.
+        self._resize_history = (state, ckpt_io.resize_history(meta, self.accelerator.num_processes))
         # The uninterrupted run had its epoch's loader running when it saved; a resumed one starts
         # it anew, and DataLoader.__iter__ draws a seed from the global RNG. Mid-epoch, the saved
         # state is restored again at the first batch (transformers #39215).
@@ -412,21 +471,6 @@ class SSSTrainer:
         state.last_checkpoint = str(path)
         self._fire(Event.LOAD_CHECKPOINT)
 
-    def _check_resumable(self, path: Path, meta: dict[str, Any]) -> None:
-        saved_procs, procs = meta.get("num_processes", 1), self.accelerator.num_processes
-        if saved_procs != procs:
-            raise ConfigError(
-                f"{path} was written by {saved_procs} process(es) and this run has {procs}: the data shards and "
-                f"RNG streams would differ. Resume with the same count (sss fit ... --num-processes {saved_procs})."
-            )
-        problems = ckpt_io.config_differences(meta.get("config", {}), self._config_record())
-        if problems:
-            raise ConfigError(
-                f"cannot resume {path}: the config changed in fields that change the training math:\n  "
-                + "\n  ".join(problems)
-                + "\nSet them back to the checkpoint's values, or start a new run (another trainer.output_dir)."
-            )
-
     def _config_record(self) -> dict[str, Any]:
         record = dict(self.run_config) if self.run_config is not None else {}
         record["trainer"] = dataclasses.asdict(self.config)  # the effective one, with overrides
@@ -435,6 +479,9 @@ class SSSTrainer:
     def _checkpoint_meta(self) -> dict[str, Any]:
         state = self.state
         config = self._config_record()
+        # the process-count changes since step 0 (trainer.resume_resize), when this fit resumed one
+        kept_state, resized = self._resize_history
+        resized = resized if kept_state is state else []
         resume_epoch, resume_batch = (
             (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
         )
@@ -452,6 +499,7 @@ class SSSTrainer:
             "num_processes": self.accelerator.num_processes,
             "config_hash": ckpt_io.config_hash(config),
             "config": config,
+            **({"resized_from": resized} if resized else {}),
         }
 
     # ------------------------------------------------------------------ set-up
@@ -471,7 +519,7 @@ class SSSTrainer:
             train = val = first_batches(train, self.config.overfit_batches)
         train = self.accelerator.prepare(train)
         val = self.accelerator.prepare(val) if val is not None else None
-        self.total_steps = self._count_total_steps(train)
+        self.total_steps = count_total_steps(train, self.config, self.accelerator.gradient_accumulation_steps)
         own_buffer_storage(module)
         if self.config.compile:
             module.compile()  # in place: the state dict keeps its names, so checkpoints stay portable
@@ -485,6 +533,7 @@ class SSSTrainer:
             )
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
         self.model, self.optimizer = self.accelerator.prepare(_StepRouter(module), optimizer)
+        compat.backward_without_unit_division(self.accelerator)  # after prepare: an engine taking backward is known
         self.module = module
         if self.scheduler is not None:
             self.accelerator.register_for_checkpointing(self.scheduler)
@@ -513,31 +562,6 @@ class SSSTrainer:
             )
         return self.accelerator.prepare(loader)
 
-    def _count_total_steps(self, loader: Any) -> int:
-        cfg = self.config
-        batches = len(loader) if hasattr(loader, "__len__") else 0
-        if cfg.limit_train_batches:
-            batches = min(batches, cfg.limit_train_batches) if batches else cfg.limit_train_batches
-        per_epoch = math.ceil(batches / self.accelerator.gradient_accumulation_steps)
-        candidates = [n for n in (cfg.max_steps, per_epoch * (cfg.max_epochs or 0)) if n]
-        return min(candidates) if candidates else 0
-
-    def _check_gradients(self) -> None:
-        self._grads_checked = True
-        missing = [n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None]
-        if not missing:
-            return
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        message = (
-            f"{len(missing)} parameter(s) of {type(self.module).__name__} got no gradient in the first step: {shown}. "
-            "Use them in the loss, freeze them with requires_grad_(False), or, if they are unused only in some "
-            "steps (e.g. the encoder of a modality the data lacks), set trainer.find_unused_parameters=true."
-        )
-        if not self.config.find_unused_parameters:
-            raise RuntimeError(message)
-        if self.accelerator.is_main_process:
-            warnings.warn(message, stacklevel=2)
-
     def _max_steps_reached(self) -> bool:
         return self.config.max_steps is not None and self.state.global_step >= self.config.max_steps
 
@@ -550,18 +574,10 @@ class SSSTrainer:
         )
 
     def _fire(self, event: Event) -> None:
-        for callback in self.callbacks:
-            getattr(callback, event.value)(self, self.module)
-
-
-def _zeroed(batch: Any, key: Any) -> Any:
-    # The modality ablation: one input replaced by zeros. A key the batch lacks would silently ablate nothing.
-    if isinstance(batch, (list, tuple)) and isinstance(key, int) and -len(batch) <= key < len(batch):
-        return type(batch)(torch.zeros_like(v) if i == key % len(batch) else v for i, v in enumerate(batch))
-    if not isinstance(batch, dict) or key not in batch:
-        keys = ", ".join(map(repr, batch)) if isinstance(batch, dict) else f"a {type(batch).__name__}"
-        raise KeyError(
-            f"the modality ablation zeroes {key!r}, which the evaluation batch lacks ({keys}): set the module's "
-            "modality_keys to the batch key of each modality, e.g. {'image': 'images', 'audio': 'audio'}"
-        )
-    return {**batch, key: torch.zeros_like(batch[key])}
+        # Only the callbacks that override the event's method run (sss/trainer/_dispatch.py); the table is
+        # rebuilt when self.callbacks changed since it was built (appended before fit, or before validate).
+        table = self._dispatch
+        if not table.current(self.callbacks):
+            table = self._dispatch = DispatchTable(self.callbacks)
+        for method in table.methods[event]:
+            method(self, self.module)

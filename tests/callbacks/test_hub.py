@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import re
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from hub_server import REPO, TOKEN, FakeHub, running_hub  # the local Hub server, shared with tests/run
 from safetensors.torch import load as load_safetensors
 
 from sss import Callback, SSSTrainer
@@ -18,99 +14,11 @@ from sss.callbacks import HubPush
 from sss.callbacks.stock import add_stock_callbacks
 from sss.testing import BoringModule, boring_loader
 
-TOKEN = "hf_test_token_0123456789"
-REPO = "tester/boring"
-
-
-class FakeHub(ThreadingHTTPServer):
-    """whoami-v2, repos/create, branch, preupload (every file "regular", so inlined), validate-yaml, commit."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.commit_delay = 0.0
-        self.commit_status = 200
-        self.repos: dict[str, dict] = {}
-        self.branches: list[str] = []
-        self.commits: list[dict] = []
-        self.whoami_calls = 0
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeHub
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def _reply(self, code: int, payload: dict) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _authorized(self) -> bool:
-        if self.headers.get("authorization") == f"Bearer {TOKEN}":
-            return True
-        self._reply(401, {"error": "Invalid credentials in Authorization header"})
-        return False
-
-    def do_GET(self):
-        if self.path == "/api/whoami-v2" and self._authorized():
-            self.server.whoami_calls += 1
-            self._reply(200, {"type": "user", "name": "tester", "orgs": []})
-        elif self.path != "/api/whoami-v2":
-            self._reply(404, {"error": f"no route {self.path}"})
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        if not self._authorized():
-            return
-        hub, path = self.server, self.path.split("?")[0]
-        if path == "/api/repos/create":
-            data = json.loads(body)
-            repo = f"{data['organization']}/{data['name']}"
-            if repo in hub.repos:
-                return self._reply(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo}"})
-            hub.repos[repo] = data
-            return self._reply(200, {"url": f"{hub.url}/{repo}"})
-        if path == "/api/validate-yaml":
-            return self._reply(200, {"errors": [], "warnings": []})
-        match = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(preupload|commit|branch)/(.+)", path)
-        if match is None or match.group(1) not in hub.repos:
-            return self._reply(404, {"error": f"Repository not found: {path}"})
-        repo, action, revision = match.groups()
-        if action == "branch":
-            hub.branches.append(revision)
-            return self._reply(200, {})
-        if action == "preupload":
-            files = json.loads(body)["files"]
-            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files]
-            return self._reply(200, {"files": modes})
-        time.sleep(hub.commit_delay)  # a slow Hub
-        if hub.commit_status != 200:
-            return self._reply(hub.commit_status, {"error": "You don't have the rights to push to this repo"})
-        lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
-        header = next(item["value"] for item in lines if item["key"] == "header")
-        files = {
-            item["value"]["path"]: base64.b64decode(item["value"]["content"]) for item in lines if item["key"] == "file"
-        }
-        oid = f"{len(hub.commits) + 1:040x}"
-        hub.commits.append({"repo": repo, "revision": revision, "message": header["summary"], "files": files})
-        self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None})
-
 
 @pytest.fixture
 def hub(monkeypatch):
-    server = FakeHub()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    yield server
-    server.shutdown()
-    server.server_close()
+    with running_hub(monkeypatch) as server:
+        yield server
 
 
 def _trainer(tmp_path, callbacks, steps=3, checkpoint=None):

@@ -226,3 +226,28 @@ def test_two_processes_agree_on_a_nan_seen_by_one_and_stay_equal(tmp_path):
     assert rank0["params"] == rank1["params"], "the replicas drifted apart"
     for key in ("memory/peak_rss_mb", "train/ogm/coeff_image", "train/ogm/coeff_audio"):
         assert rank0["logs"][key] == rank1["logs"][key]
+
+
+def test_deferred_raise_stops_at_the_next_logging_step_naming_the_first_bad_window():
+    # batch index 5 makes the weights NaN, so windows 5..9 are not finite; the flags are read with the
+    # logged figures at step 10
+    steps = []
+
+    class Steps(Callback):
+        def on_after_optimizer_step(self, trainer, module):
+            steps.append(trainer.state.global_step)
+
+    detector = OverflowDetector(on_nan="raise", deferred=True)
+    log = {"every_n_steps": 10, "progress": False, "trackers": []}
+    with pytest.raises(FloatingPointError, match=r"not finite at global_step 5 \(epoch 0, batch index 5\) \(5 window"):
+        SSSTrainer(callbacks=[detector, Steps()], max_steps=20, mixed_precision="no", **{**QUIET, "log": log}).fit(
+            NaNAt({5}), train_dataloaders=boring_loader(n=128, batch_size=4)
+        )
+    assert steps[-1] == 10 and detector.nan_losses == 5  # it ran on to the logging step, no further
+
+
+def test_deferred_reads_at_the_fit_end_and_refuses_skip():
+    with pytest.raises(FloatingPointError, match=r"global_step 2 \(epoch 0, batch index 2\)"):
+        _fit(NaNAt({2}), [OverflowDetector(on_nan="raise", deferred=True)], steps=4)  # no logging step reached
+    with pytest.raises(ValueError, match="on_nan='skip' must decide before each update"):
+        OverflowDetector(on_nan="skip", deferred=True)

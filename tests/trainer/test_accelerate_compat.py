@@ -270,3 +270,62 @@ def test_fit_caches_the_probe_so_steps_do_not_repeat_it(monkeypatch):
     assert hasattr(accelerate.optimizer.is_lomo_available, "cache_info")
     compat.cache_package_probes()  # a second fit does not wrap it again
     assert not hasattr(accelerate.optimizer.is_lomo_available.__wrapped__, "cache_info")
+
+
+# --- the division of the loss by an accumulation count of 1 in Accelerator.backward -------------------
+
+
+def _divisions(monkeypatch) -> list:
+    """Records every ``tensor / x`` from now on (the divisor), passing the division through."""
+    seen, divide = [], torch.Tensor.__truediv__
+
+    def recording(self, other):
+        seen.append(other)
+        return divide(self, other)
+
+    monkeypatch.setattr(torch.Tensor, "__truediv__", recording)
+    return seen
+
+
+def test_upstream_backward_divides_the_loss_by_an_accumulation_count_of_1(monkeypatch):
+    accelerator, weight = Accelerator(cpu=True), torch.ones(2, requires_grad=True)
+    loss = (weight * 3).sum()
+    seen = _divisions(monkeypatch)
+    accelerator.backward(loss)
+    assert seen == [1]  # the extra division (and DivBackward0 node) that backward_without_unit_division skips
+
+
+def test_backward_skips_only_the_unit_division(monkeypatch):
+    from accelerate.state import AcceleratorState, GradientState
+
+    makers = [
+        lambda: Accelerator(cpu=True),
+        lambda: Accelerator(cpu=True, gradient_accumulation_steps=2),
+        _fp16_cpu_accelerator,
+    ]
+    seen = _divisions(monkeypatch)
+    for make in makers:  # one at a time: Accelerate's process-wide state takes one precision
+        accelerator = make()
+        compat.backward_without_unit_division(accelerator)
+        weight = torch.ones(2, requires_grad=True)
+        accelerator.backward((weight * 3).sum())
+        assert weight.grad is not None
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert seen == [2, 1]  # plain: none; accumulation 2 and the fp16 path still go through Accelerate
+
+
+def test_training_without_the_unit_division_is_bitwise_the_same(monkeypatch):
+    def train() -> tuple[list[torch.Tensor], bool]:
+        torch.manual_seed(0)
+        module = BoringModule()
+        optim = {"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.05}}
+        trainer = SSSTrainer(max_steps=4, optim=optim, **QUIET)
+        trainer.fit(module, train_dataloaders=boring_loader(n=32, batch_size=4))
+        return [p.detach().clone() for p in module.parameters()], "backward" in vars(trainer.accelerator)
+
+    ours, installed = train()
+    monkeypatch.setattr(compat, "backward_without_unit_division", lambda accelerator: None)
+    upstream, off = train()
+    assert installed and not off
+    assert all(torch.equal(a, b) for a, b in zip(ours, upstream, strict=True))

@@ -14,10 +14,11 @@ def check_tokens(image: Tensor | None, audio: Tensor | None, dim: int) -> int:
     for name, tokens in present:
         if tokens.ndim != 3 or tokens.shape[-1] != dim:
             raise ValueError(f"{name} tokens must be [B, N, {dim}], got {tuple(tokens.shape)}")
-    sizes = {t.shape[0] for _, t in present}
-    if len(sizes) > 1:
+    # Compared directly, not through a set: under torch.export (ONNX export) a batch size is a
+    # symbolic int, which cannot be hashed.
+    if image is not None and audio is not None and image.shape[0] != audio.shape[0]:
         raise ValueError(f"image and audio tokens have different batch sizes: {image.shape[0]} vs {audio.shape[0]}")
-    return sizes.pop()
+    return present[0][1].shape[0]
 
 
 def pool_streams(image: Tensor | None, audio: Tensor | None, norms: nn.ModuleList) -> Tensor:

@@ -1,0 +1,279 @@
+"""``sss fit --engine ray``: the unchanged ``sss fit`` in the workers of Ray Train's ``TorchTrainer``.
+
+Ray starts N worker processes (on one machine or across a Ray cluster), forms their torch process group
+(gloo on CPUs, NCCL on GPUs) and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT``; Accelerate's `PartialState` finds the group already formed and takes it as it is
+(``MULTI_CPU`` / ``MULTI_GPU``, N processes). Each worker runs `sss.run.fit.run_fit` with
+``--resume auto``: when a worker dies, Ray ends the group and starts a new one
+(``FailureConfig(max_failures=K)``), which continues from the newest complete ``sss`` checkpoint in
+OUTPUT_DIR. State lives in ``sss`` checkpoints only; Ray gets the metrics (`RayReport`).
+
+Ray is imported inside the functions: ``sss --help`` and every other command never load it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sss.callbacks.base import Callback
+from sss.checkpoint import complete_checkpoints, folder_holder, holds_run
+from sss.config import SSSConfig
+from sss.errors import SSSError
+
+__all__ = ["RAY_MISSING", "RayEngineError", "RayReport", "fit_with_ray"]
+
+RAY_MISSING = "sss fit --engine ray needs Ray: pip install 'shadow-sound-hunter[ray]'"
+"""The one line ``sss fit --engine ray`` prints where Ray Train is not installed."""
+
+# Passed to every worker: MKL's pinned floating-point path (set before torch loads, as `sss` does for its
+# own processes) and the data cache, so that a worker reads the data the driver's runs read.
+_WORKER_ENV = ("MKL_CBWR", "SSS_CACHE", "HF_HOME", "CUBLAS_WORKSPACE_CONFIG")
+
+
+class RayEngineError(SSSError):
+    """``sss fit --engine ray`` cannot start, or its workers failed more often than ``--max-failures`` allows.
+
+    Example:
+        >>> RayEngineError("x").exit_code
+        1
+    """
+
+
+class RayReport(Callback):
+    """Report the run's metrics to Ray Train (``ray.train.report``) at logging steps, validations and the fit's end.
+
+    Added by `fit_with_ray` to the callbacks of the Ray workers only. Every worker reports at the same
+    points (Ray Train waits for all of them there); Ray keeps rank 0's values. The final evaluation's
+    image-only and audio-only passes are not reported one by one: the report at FIT_END carries their
+    headline figures and the fusion gain. No Ray checkpoint is reported: the run's state is in its
+    ``sss`` checkpoints. A report waits until Ray's controller has collected the one before (it polls
+    every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s): reports closer together slow the training down.
+
+    Args:
+        every_n_steps: Report after every N-th optimizer step (``trainer.log.every_n_steps``).
+
+    Example:
+        >>> RayReport(every_n_steps=20).every_n_steps
+        20
+    """
+
+    def __init__(self, every_n_steps: int = 10) -> None:
+        self.every_n_steps = every_n_steps
+
+    def on_after_optimizer_step(self, trainer: Any, module: Any) -> None:
+        state = trainer.state
+        if state.step_was_skipped or state.global_step % self.every_n_steps:
+            return
+        self._report(trainer, {"train/loss": state.loss, "train/lr": state.lr})
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        metrics = dict(trainer.state.eval_metrics)
+        split = next(iter(metrics), "").split("/")[0]
+        if split in ("val", "test"):  # not an ablation pass (val_image_only/...): FIT_END reports those
+            self._report(trainer, metrics)
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        self._report(trainer, {})
+
+    def _report(self, trainer: Any, values: dict[str, Any]) -> None:
+        import ray.train
+
+        state = trainer.state
+        metrics = {**state.metrics, **values, "step": state.global_step, "epoch": state.epoch}
+        ray.train.report({k: _number(v) for k, v in metrics.items() if _number(v) is not None})
+
+
+def _number(value: Any) -> float | int | None:
+    # Ray refuses tensors in metrics; a one-element tensor becomes its number, anything else that is no number goes.
+    if isinstance(value, bool | int | float):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "numel", lambda: 0)() == 1:
+        return item()
+    return None
+
+
+def fit_with_ray(
+    cfg: SSSConfig,
+    num_workers: int,
+    address: str | None = None,
+    max_failures: int = 0,
+    resume: str | None = None,
+    ray_callbacks: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """Train `cfg` in `num_workers` Ray Train workers; return the run's results (OUTPUT_DIR/results.json).
+
+    Without `address` a local Ray instance is started (as many CPUs as the machine has, at least
+    `num_workers`) and stopped after; with one (``auto``, ``ray://host:10001``, ``host:6379``) the
+    workers run on that cluster, whose every worker must reach OUTPUT_DIR (a shared file system).
+    Workers get GPUs when the cluster has them and ``trainer.cpu`` is false.
+
+    Args:
+        cfg: The resolved config (`sss.config.load_config`).
+        num_workers: Worker processes; each is one process of the run (``num_processes`` in results.json).
+        address: A running Ray cluster's address; None starts a local one.
+        max_failures: How often Ray starts the worker group again after a worker failed (-1: always);
+            each restart continues from the newest complete checkpoint in OUTPUT_DIR.
+        resume: None / ``never`` (a fresh run, in a folder of its own as ``sss fit`` picks it),
+            ``auto`` or ``latest`` (as ``sss fit --resume``); None takes ``trainer.resume``.
+        ray_callbacks: Ray Train ``UserCallback`` objects for the run (they run in Ray's controller).
+
+    Raises:
+        RayEngineError: Ray is missing, the arguments cannot work, or the run failed more than
+            `max_failures` times (the checkpoints in OUTPUT_DIR stay; the same call continues).
+
+    Example:
+        >>> from sss.config import load_config
+        >>> fit_with_ray(load_config(None, []), num_workers=2, resume="runs/x/checkpoints/step_0000010")
+        Traceback (most recent call last):
+        ...
+        sss.run.ray_train.RayEngineError: sss fit --engine ray --resume runs/x/checkpoints/step_0000010: ...
+    """
+    if num_workers < 1:
+        raise RayEngineError(f"--num-workers must be >= 1, got {num_workers}")
+    if max_failures < -1:
+        raise RayEngineError(f"--max-failures must be >= -1 (-1: restart without limit), got {max_failures}")
+    resume = cfg.trainer.resume if resume is None else resume
+    resume = None if resume == "never" else resume
+    if resume not in (None, "auto", "latest"):
+        raise RayEngineError(
+            f"sss fit --engine ray --resume {resume}: a Ray run continues from the newest checkpoint of its "
+            "OUTPUT_DIR (--resume or --resume auto), since that is what a restarted worker group resumes; to "
+            "continue from this checkpoint, run without --engine ray"
+        )
+    _import_ray()
+    import ray
+
+    cfg = copy.deepcopy(cfg)
+    cfg.trainer.output_dir = str(_output_folder(cfg, resume).absolute())
+    env = {name: os.environ[name] for name in _WORKER_ENV if name in os.environ}
+    env.setdefault("MKL_CBWR", "AUTO,STRICT")
+    started = not ray.is_initialized()
+    if started:
+        cpus = None if address else max(os.cpu_count() or 1, num_workers)
+        ray.init(address=address, num_cpus=cpus, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        return _fit(cfg, num_workers, max_failures, env, list(ray_callbacks))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _import_ray() -> None:
+    try:
+        import ray.train.torch  # noqa: F401
+    except ImportError:
+        raise RayEngineError(RAY_MISSING) from None
+
+
+def _output_folder(cfg: SSSConfig, resume: str | None) -> Path:
+    # Decided here, once, for every attempt: the workers continue this folder (--resume auto), so a fresh
+    # run must start in one that holds no run, as a fresh `sss fit` picks it (runs/<name>, else _1, _2, ...).
+    chosen, default = cfg.trainer.output_dir or f"runs/{cfg.name}", f"runs/{cfg.name}"
+    numbered = chosen == default if cfg.output_dir_given is None else not cfg.output_dir_given
+    if resume == "auto":
+        return Path(chosen)
+    runs, n = [], 0
+    while numbered and holds_run(Path(chosen)):
+        runs.append(chosen)
+        n += 1
+        chosen = f"{default}_{n}"
+    if resume is None:
+        if not numbered and holds_run(Path(chosen)):
+            raise RayEngineError(
+                f"trainer.output_dir {chosen} already holds a run (results, checkpoints or a live run's lock): "
+                "continue it with --resume auto, or give this run another folder (trainer.output_dir)"
+            )
+        return Path(chosen)
+    # latest: the newest run folder with a complete checkpoint, as `sss fit --resume` takes it
+    found = next((r for r in reversed(runs or [chosen]) if complete_checkpoints(Path(r) / "checkpoints")), None)
+    if found is None:
+        folder = Path(runs[-1] if runs else chosen) / "checkpoints"
+        raise RayEngineError(f"--resume: no complete checkpoint in {folder}; train without --resume first")
+    return Path(found)
+
+
+def _fit(cfg: SSSConfig, num_workers: int, max_failures: int, env: dict[str, str], callbacks: list[Any]) -> dict:
+    import dataclasses
+    import json
+
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    out = Path(cfg.trainer.output_dir)
+    gpus = ray.cluster_resources().get("GPU", 0)
+    use_gpu = not cfg.trainer.cpu and gpus > 0
+    if use_gpu and gpus < num_workers:
+        raise RayEngineError(
+            f"the Ray cluster has {gpus:g} GPU(s) for {num_workers} workers (one each): ask for --num-workers "
+            f"{int(gpus)}, or train on the CPUs with trainer.cpu=true"
+        )
+    run: dict[str, Any] = {"name": "ray", "storage_path": str(out)}  # Ray's own records: OUTPUT_DIR/ray
+    run["failure_config"] = FailureConfig(max_failures=max_failures)
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    if "worker_runtime_env" in fields:  # Ray Train v2 (the default from Ray 2.51)
+        # sss prints its own lines: Ray's print patch would show each twice, its INFO lines every report
+        run["worker_runtime_env"] = {"env_vars": {**env, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+        from ray.train import LoggingConfig
+
+        run["logging_config"] = LoggingConfig(log_level="WARNING")
+    if callbacks:
+        run["callbacks"] = callbacks
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={"cfg": cfg, "cwd": os.getcwd(), "every_n_steps": cfg.trainer.log.every_n_steps},
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
+        run_config=RunConfig(**run),
+    )
+    print(f"sss: Ray Train: {num_workers} worker(s) ({'GPU' if use_gpu else 'CPU'}) -> {out}", flush=True)
+    try:
+        trainer.fit()
+    except Exception as exc:
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        why = " ".join(str(exc).split())[:2000]
+        limit = "without limit" if max_failures < 0 else f"{max_failures} restart(s)"
+        raise RayEngineError(
+            f"sss fit --engine ray: the workers failed ({limit} allowed, --max-failures): {why}. The checkpoints "
+            f"in {out / 'checkpoints'} are kept: the same command with --resume auto continues from the newest"
+        ) from None
+    results = out / "results.json"
+    return json.loads(results.read_text()) if results.is_file() else {}
+
+
+def _worker(config: dict[str, Any]) -> None:
+    # One Ray Train worker: `sss fit`'s own path with --resume auto, in the driver's working directory when this
+    # machine has it (Ray starts workers in a folder of its own), which is importable as under `sss fit`.
+    from sss.run.fit import run_fit
+
+    cwd = config["cwd"]
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+    if os.environ.get("RANK") == "0":
+        _wait_for_the_last_group(Path(config["cfg"].trainer.output_dir))
+    try:
+        run_fit(config["cfg"], resume="auto", callbacks=[RayReport(config["every_n_steps"])])
+    except SystemExit as exc:  # sss's refusals end a command with SystemExit; in a worker thread it must raise
+        raise RuntimeError(str(exc.code)) from None
+
+
+def _wait_for_the_last_group(out: Path, seconds: float = 60) -> None:
+    # Ray may start the next worker group while the processes of the last one are still ending; the last
+    # rank 0 holds OUTPUT_DIR's lock until it has (the kernel drops it then, kill -9 too). Wait for that
+    # holder, a Ray worker process, rather than refuse the folder; any other holder is refused by run_fit.
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        holder = folder_holder(out)
+        if holder is None or "default_worker.py" not in str(holder.get("command", "")):
+            return
+        time.sleep(0.1)
