@@ -336,6 +336,14 @@ def write_result(result: LRFindResult, folder: str | Path) -> tuple[Path, Path]:
     ax.plot(result.lrs, result.losses, linewidth=2, label="smoothed")
     if result.suggestion is not None:
         ax.axvline(result.suggestion, color="red", linestyle="--", label=f"suggestion {result.suggestion:.2e}")
+    # The y range follows the smoothed curve: a diverging raw spike (often 10x the start) would flatten the
+    # descent the suggestion is read from. Raw points above the range are drawn off the top.
+    finite = [v for v in result.losses if math.isfinite(v)]
+    if finite:
+        raw = [v for v in (result.raw_losses or []) if math.isfinite(v)]
+        low, high = min(finite + raw), max(finite[0], min(max(finite), 2 * finite[0]))
+        pad = 0.1 * (high - low or abs(high) or 1.0)
+        ax.set_ylim(low - pad, high + pad)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel("training loss")
