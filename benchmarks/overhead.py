@@ -209,15 +209,16 @@ def split_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> di
         return loaders
 
     trainer._setup_fit = setup_fit
-    trainer._check_gradients = timer.wrap("first-step checks", trainer._check_gradients)
     import sss.trainer._accelerate_compat as compat
+    import sss.trainer.trainer as loop
 
-    zero_grad = compat.zero_grad
+    zero_grad, check_gradients = compat.zero_grad, loop.check_gradients
     compat.zero_grad = timer.wrap("zero_grad", zero_grad)
+    loop.check_gradients = timer.wrap("first-step checks", check_gradients)  # the loop's module-level name
     try:
         trainer.fit(module, train_dataloaders=loader)
     finally:
-        compat.zero_grad = zero_grad
+        compat.zero_grad, loop.check_gradients = zero_grad, check_gradients
     seconds = dict(timer.seconds)
     seconds["Accelerate optimizer wrapper"] = seconds.pop("optimizer + Accelerate wrapper") - seconds["optimizer step"]
     return seconds

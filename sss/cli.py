@@ -574,7 +574,8 @@ def _parser(parts: str = "") -> argparse.ArgumentParser:
         "--task",
         choices=["default", "binding"],
         default="default",
-        help="binding: the label is whether a moving shadow and a transient agree (both or neither)",
+        help="binding: match / mismatch, whether a grille shadow's slat angle (0 or 90 degrees) and a sound "
+        "(beep or hiss) agree; each modality alone is at chance",
     )
     return parser
 

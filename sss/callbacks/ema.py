@@ -326,3 +326,23 @@ def load_ema_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
             "was saved without the EMA callback. Export a checkpoint of the EMA run, or set export: false"
         )
     return load_file(str(file))
+
+
+def exported_weights(trainer: SSSTrainer, full: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The weights every model folder of a run holds, and the card's note on them.
+
+    `full` is ``accelerator.get_state_dict(trainer.model)`` (gathered on every process). With an `EMA`
+    callback whose ``export`` is on, the folder holds its average and the note names it; otherwise the
+    trained weights, under the module's own names. `sss fit`, `HubPush` and the MLflow artifact all
+    export through this, so the three folders hold the same weights.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> weights, note = exported_weights(SimpleNamespace(callbacks=[]), {"module.w": torch.ones(1)})
+        >>> list(weights), note
+        (['w'], None)
+    """
+    ema = next((c for c in trainer.callbacks if isinstance(c, EMA) and c.export and c.ema is not None), None)
+    if ema is None:
+        return {k.removeprefix("module."): v for k, v in full.items()}, None
+    return ema.weights(), weights_note(ema)

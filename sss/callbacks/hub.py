@@ -127,7 +127,7 @@ class HubPush(Callback):
         if self._worker is None:
             return
         if full is not None:
-            _export(trainer, module, folder, {k.removeprefix("module."): v for k, v in full.items()})
+            _export(trainer, module, folder, full)
         self._queue.put((folder, ".", f"model after global_step {trainer.state.global_step}", False))
         self._drain()
         with contextlib.suppress(OSError):  # the staging folder, empty unless a push failed
@@ -185,16 +185,21 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _export(trainer: SSSTrainer, module: LitModule, folder: Path, weights: dict[str, Any]) -> None:
+def _export(trainer: SSSTrainer, module: LitModule, folder: Path, full: dict[str, Any]) -> None:
     # `sss fit` exports the model folder only after fit returns, so export it here the same way (the
-    # run's config.yaml is in OUTPUT_DIR by then); `sss fit` rewrites it later with the same weights.
+    # run's config.yaml is in OUTPUT_DIR by then); `sss fit` rewrites it later with the same weights:
+    # the EMA average when `EMA(export=True)` is on, as there.
+    from sss.callbacks.ema import exported_weights
+
+    weights, note = exported_weights(trainer, full)
     config = trainer.output_dir / "config.yaml"
     if config.is_file():
         from sss.config import load_config
         from sss.model_folder import export_model
 
         metrics = dict(trainer.state.metrics)
-        export_model(module, load_config(config), metrics, folder, trainer.datamodule, state_dict=weights)
+        cfg = load_config(config)
+        export_model(module, cfg, metrics, folder, trainer.datamodule, state_dict=weights, weights_source=note)
         return
     from safetensors.torch import save_file  # plain Python use: the weights alone
 

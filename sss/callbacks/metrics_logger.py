@@ -467,7 +467,7 @@ def _log_model_folder(trainer: SSSTrainer, module: LitModule) -> None:
     if tracker is None:  # not the main process, or mlflow is not installed
         return
     folder = trainer.output_dir / "model"
-    _export(trainer, module, folder, {k.removeprefix("module."): v for k, v in full.items()})
+    _export(trainer, module, folder, full)
     tracker.log_artifacts(str(folder), artifact_path="model")
 
 

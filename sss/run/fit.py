@@ -14,7 +14,7 @@ from typing import Any
 
 from sss import __version__
 from sss.callbacks.base import Callback
-from sss.callbacks.ema import EMA, weights_note
+from sss.callbacks.ema import exported_weights
 from sss.callbacks.hub import HubPush
 from sss.callbacks.plots import Plots
 from sss.callbacks.stock import add_stock_callbacks
@@ -83,10 +83,8 @@ def _fit_holding_the_folder(
     model_dir = out / "model"
     # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
     full = trainer.accelerator.get_state_dict(trainer.model)
-    ema = next((c for c in trainer.callbacks if isinstance(c, EMA) and c.export and c.ema is not None), None)
     if state.is_main_process:
-        weights = {k.removeprefix("module."): v for k, v in full.items()} if ema is None else ema.weights()
-        note = None if ema is None else weights_note(ema)  # callbacks: [{_target_: sss.callbacks.EMA, export: true}]
+        weights, note = exported_weights(trainer, full)  # the EMA average with EMA(export=True)
         card = {**results, **record}
         export_model(module, cfg, card, model_dir, datamodule, state_dict=weights, weights_source=note)
     results.update(wall_seconds=round(time.perf_counter() - wall_start, 2), **record)

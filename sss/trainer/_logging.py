@@ -213,6 +213,8 @@ class ModuleLogs:
         fresh start count.
         """
         entries = _take(module, "training_step")
+        if not entries:  # most steps of most modules: nothing logged, nothing to add or publish
+            return
         if replays:
             starts = [i for i, entry in enumerate(entries) if entry.fresh]
             entries = entries[starts[-1] :] if starts else entries

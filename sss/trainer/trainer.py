@@ -218,7 +218,7 @@ class SSSTrainer:
         state, accelerator = self.state, self.accelerator
         step = state.global_step
         self._fire(Event.BATCH_START)
-        with accelerator.accumulate(self.model):
+        with compat.accumulate(accelerator, self.model):  # accelerator.accumulate(self.model), less window-1 no-ops
             state.loss = self._run_batch(batch, batch_idx)  # training_step and backward
             state.micro_step += 1
             state.samples += batch_size(batch) * accelerator.num_processes

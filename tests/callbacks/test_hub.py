@@ -61,6 +61,23 @@ def test_under_sss_fit_the_full_model_folder_is_pushed(hub, tmp_path):
     assert "_target_: sss.testing.BoringModule" in files["config.yaml"].decode() and b"# boring" in files["README.md"]
 
 
+def test_with_ema_export_the_pushed_folder_holds_the_average_as_sss_fit_writes_it(hub, tmp_path):
+    from sss.callbacks import EMA
+    from sss.config import SSSConfig, to_yaml
+
+    (tmp_path / "run").mkdir()
+    cfg = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule"})
+    (tmp_path / "run" / "config.yaml").write_text(to_yaml(cfg))
+    ema, module = EMA(decay=0.5, export=True, eval=False), BoringModule()
+    _trainer(tmp_path, [ema, HubPush(REPO, endpoint=hub.url)]).fit(module, train_dataloaders=boring_loader())
+    files = hub.commits[0]["files"]
+    pushed = load_safetensors(files["model.safetensors"])
+    average = ema.weights()
+    assert any(not torch.equal(average[k], v) for k, v in module.state_dict().items())  # the two differ
+    assert all(torch.equal(pushed[k], v) for k, v in average.items())
+    assert b"- weights: ema (decay 0.5)" in files["README.md"]
+
+
 class CommitsAtFitEnd(Callback):
     def __init__(self, hub):
         self.hub, self.seen = hub, None

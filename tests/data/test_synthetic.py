@@ -48,10 +48,11 @@ def test_layout(industrial: Path) -> None:
     assert (info.samplerate, info.channels, info.frames, info.subtype) == (16000, 1, 16000, "PCM_16")
 
 
-def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path: Path) -> None:
-    first = tree(make_industrial(tmp_path / "a", **SMALL, seed=5))
-    assert first == tree(make_industrial(tmp_path / "b", **SMALL, seed=5))
-    other = tree(make_industrial(tmp_path / "c", **SMALL, seed=6))
+@pytest.mark.parametrize("task", ["default", "binding"])
+def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path: Path, task: str) -> None:
+    first = tree(make_industrial(tmp_path / "a", **SMALL, seed=5, task=task))
+    assert first == tree(make_industrial(tmp_path / "b", **SMALL, seed=5, task=task))
+    other = tree(make_industrial(tmp_path / "c", **SMALL, seed=6, task=task))
     assert first.keys() - {"sss-dataset.json"} == other.keys() - {"sss-dataset.json"}
     differ = [name for name in first if name.endswith((".png", ".wav")) and first[name] != other[name]]
     assert len(differ) == len([name for name in first if name.endswith((".png", ".wav"))])

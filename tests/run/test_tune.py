@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import random
+import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ import torch
 
 from sss.cli import main
 from sss.config import load_config
+from sss.run.launch import child_environment, launch_command
 from sss.run.parts import build_parts
 from sss.run.tune import LRFindError, lr_find
 from sss.trainer.trainer import SSSTrainer
@@ -121,3 +126,90 @@ def test_cli_prints_the_suggestion_and_keeps_existing_files(tmp_path, capsys):
     assert any(ch in out for ch in "▁▂▃▄▅▆▇█")  # the sparkline
     assert "lr: 0.01" in config.read_text()  # the YAML is not edited
     assert main(["tune", "nope", str(config)]) == 2
+
+
+# Run by `accelerate launch` on each of 2 processes: a fit, then the `sss tune lr` command line that the relaunch
+# runs on each process, then the same fit again from the same RNG state; each rank writes what it saw to OUT.
+TWO_PROCESS_SCRIPT = """
+import json, os, sys
+import numpy as np
+import torch
+import sss.run.tune
+from sss import checkpoint as ckpt_io
+from sss.cli import main
+from sss.config import load_config
+from sss.run.parts import build_parts
+from sss.trainer.trainer import SSSTrainer
+
+config, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+found = []
+lr_find = sss.run.tune.lr_find
+sss.run.tune.lr_find = lambda *a, **k: found.append(lr_find(*a, **k)) or found[-1]  # the CLI's result, kept
+
+def fit(name):
+    cfg = load_config(config, [f"trainer.output_dir={out}/{name}"])
+    parts = build_parts(cfg)
+    trainer = SSSTrainer(cfg.trainer)
+    trainer.fit(parts.module, parts.datamodule)
+    moments = [t for s in trainer.optimizer.state_dict()["state"].values() for t in s.values()]
+    lr = torch.tensor(trainer.optimizer.param_groups[0]["lr"])
+    return [t.clone() for t in [*parts.module.state_dict().values(), *moments, lr]]
+
+torch.manual_seed(7)
+start = ckpt_io.get_rng_state()
+before = fit("a")
+ckpt_io.set_rng_state(start)
+code = main(args)
+same = ckpt_io.get_rng_state()
+rng = torch.equal(same["torch"], start["torch"]) and same["python"] == start["python"]
+rng = rng and np.array_equal(same["numpy"][1], start["numpy"][1]) and same["numpy"][2:] == start["numpy"][2:]
+after = fit("b")
+equal = len(before) == len(after) and all(torch.equal(x, y) for x, y in zip(before, after))
+r = found[0]
+report = {"code": code, "rng": bool(rng), "fit_equal": equal, "lrs": r.lrs, "losses": r.losses, "lr": r.suggestion}
+open(f"{out}/rank{os.environ['RANK']}.json", "w").write(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_agree_write_once_and_leave_the_run_as_it_was(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "boring.yaml"
+    config.write_text(
+        "model: {_target_: sss.testing.BoringModule}\n"
+        "data: {_target_: sss.testing.BoringDataModule, n_train: 32}\n"
+        "trainer: {mixed_precision: 'no', max_epochs: 2, checkpoint: {every_epoch: false},\n"
+        "  log: {progress: false, summary: false, plots: false},\n"
+        "  optim: {optimizer: {_target_: torch.optim.AdamW, lr: 0.01}}}\n"
+    )
+    launched = []
+    monkeypatch.setattr("sss.run.launch.relaunch", lambda n, args: launched.append((n, args)) or 0)
+    flags = ["--steps", "20", "--min-lr", "1e-4", "--apply", "--num-processes", "2"]
+    assert main(["tune", "lr", str(config), f"trainer.output_dir={tmp_path}/tune_run", *flags]) == 0
+    [(processes, args)] = launched  # what each of the 2 processes runs: the script below runs exactly that
+    assert processes == 2
+    script = tmp_path / "tune_two.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    env = child_environment({**os.environ, "OMP_NUM_THREADS": "1"})
+    command = launch_command(2, [str(script), str(config), str(tmp_path), json.dumps(args)])
+    # its own process group, killed whole on timeout: a rank stuck in a collective must not outlive the test
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"2-process tune lr did not finish in 150 s:\n{proc.communicate()[0][-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, seen in enumerate(ranks):
+        assert seen["code"] == 0 and seen["rng"], (rank, seen)  # the process's RNG streams as they were
+        assert seen["fit_equal"], rank  # model, optimizer moments and lr: bitwise the fit without the test
+    assert len(ranks[0]["lrs"]) >= 10 and ranks[0]["lr"] is not None
+    for key in ("lrs", "losses", "lr"):  # each step's loss is the mean over the processes: one curve for all
+        assert ranks[0][key] == ranks[1][key], key
+    # printed and written by the main process only
+    assert out.count("suggested lr: ") == 1 and out.count("sss fit ") == 1, out[-3000:]
+    folder = tmp_path / "tune_run" / "tune"
+    assert sorted(p.name for p in folder.iterdir()) == ["lr_find.json", "lr_find.png"]  # no rank moved on to _1
+    assert json.loads((folder / "lr_find.json").read_text())["suggestion"] == ranks[0]["lr"]
