@@ -9,6 +9,7 @@ import typing
 from typing import TYPE_CHECKING, Annotated, Any
 
 from sss.config.constraints import Bound, Ge, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
+from sss.config.errors import both_warmups, workers_only
 
 if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
@@ -362,27 +363,21 @@ def check_config(config: SSSConfig) -> list[str]:
 
 
 def _conflicts(config: SSSConfig) -> list[str]:
-    # Keys valid one by one that the build refuses together, in the build's words (cosine_with_warmup,
-    # sss.data.folder.loader_options; tests/config compares them): refused here, before any data is read.
+    # Keys valid one by one that the build refuses together, with the build's own messages (cosine_with_warmup,
+    # sss.data.folder.loader_options): refused here, before any data is read.
     # As for KNOWN_ARGS, they apply wherever the target takes the arguments.
     problems = []
     scheduler, key = config.trainer.optim.scheduler or {}, "trainer.optim.scheduler"
     if _parameters(scheduler).keys() >= {"warmup_steps", "warmup_ratio"}:
         steps, ratio = scheduler.get("warmup_steps"), scheduler.get("warmup_ratio")
         if steps is not None and ratio is not None:
-            problems.append(
-                f"{key}.warmup_steps and {key}.warmup_ratio are both set ({steps} steps, ratio {ratio}): keep one "
-                "of them (warmup_ratio, a fraction of the run, keeps its shape when the run's length changes)"
-            )
+            problems.append(both_warmups(key, steps, ratio))
     params = _parameters(config.data)
     workers = config.data.get("num_workers", params["num_workers"].default) if "num_workers" in params else None
     for name in ("persistent_workers", "prefetch_factor"):
         value = config.data.get(name)
         if workers == 0 and name in params and value not in (None, False):
-            problems.append(
-                f"data.{name}={'true' if value is True else value} applies to worker processes only, and "
-                f"data.num_workers is 0: set data.num_workers (e.g. 2) or remove data.{name}"
-            )
+            problems.append(workers_only(name, value))
     return problems
 
 

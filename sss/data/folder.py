@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
-from sss.config.errors import ConfigError
+from sss.config.errors import ConfigError, workers_only
 from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
@@ -311,11 +311,7 @@ def loader_options(
         raise ConfigError(f"data.pin_memory must be true, false or 'auto', got {pin_memory!r}")
     for key, value in (("persistent_workers", persistent_workers), ("prefetch_factor", prefetch_factor)):
         if num_workers == 0 and value not in (None, False):
-            shown = "true" if value is True else value
-            raise ConfigError(
-                f"data.{key}={shown} applies to worker processes only, and data.num_workers is 0: set "
-                f"data.num_workers (e.g. 2) or remove data.{key}"
-            )
+            raise ConfigError(workers_only(key, value))
     if pin_memory == "auto":
         pin_memory = (device or _batch_device()) == "cuda"
     return {

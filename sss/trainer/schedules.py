@@ -9,6 +9,7 @@ import torch
 
 from sss.config import ConfigError
 from sss.config.constraints import Ge, Lt, NonNegativeInt, UnitFloat
+from sss.config.errors import both_warmups
 
 __all__ = ["cosine_with_warmup"]
 
@@ -57,10 +58,7 @@ def cosine_with_warmup(
         if ratio is not None and not 0.0 <= ratio < 1.0:
             raise ConfigError(f"{_KEY}.{name}: a fraction of the run's steps in [0, 1), got {ratio!r}")
     if warmup_ratio is not None and warmup_steps is not None:
-        raise ConfigError(
-            f"{_KEY}.warmup_steps and {_KEY}.warmup_ratio are both set ({warmup_steps} steps, ratio {warmup_ratio}): "
-            "keep one of them (warmup_ratio, a fraction of the run, keeps its shape when the run's length changes)"
-        )
+        raise ConfigError(both_warmups(_KEY, warmup_steps, warmup_ratio))
     relative = [name for name, r in (("warmup_ratio", warmup_ratio), ("decay_ratio", decay_ratio)) if r is not None]
     if total_steps < 1 and relative:
         raise ConfigError(
