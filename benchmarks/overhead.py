@@ -2,7 +2,9 @@
 
 Both run in this one process, interleaved round by round (plain, sss, plain, sss, ...), from the
 same initial weights on the same batches. Prints the median per-step time of each, their ratio,
-and the largest parameter difference after the last round (0 means bit-equal).
+and the largest parameter difference after the last round (0 means bit-equal). Two more loops
+run in the same rounds: the hand-written Accelerate loop, and the floor (Accelerate's prepared
+loader and model with the inner optimizer called directly).
 
     python benchmarks/overhead.py                      # tiny MLP
     python benchmarks/overhead.py --model hunter_small # the default Hunter model (batch 32)
@@ -117,6 +119,28 @@ def run_accelerate(module: LitModule, loader: DataLoader) -> float:
     return time.perf_counter() - start
 
 
+def run_floor(module: LitModule, loader: DataLoader) -> float:
+    """The floor under any loop on Accelerate: its prepared loader and model, the inner optimizer called directly.
+
+    No ``accelerator.backward``, no ``AcceleratedOptimizer`` wrapper, no accumulation context, no events:
+    what is left between this and plain PyTorch is the prepared loader's and model's own cost.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    set_seed(SEED)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(module, optimizer_for(module), loader)
+    model.train()
+    inner = optimizer.optimizer
+    start = time.perf_counter()
+    for batch in loader:
+        module.compute_loss(model(batch), batch).backward()
+        inner.step()
+        inner.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
 class Clock(Callback):
     def on_fit_start(self, trainer, module) -> None:
         self.start = time.perf_counter()
@@ -189,7 +213,7 @@ def split_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> di
 
     data fetch: the prepared loader (device placement, look-ahead) and the DataLoader; forward+backward:
     ``training_step`` through the prepared model and ``accelerator.backward``; optimizer step: the
-    torch optimizer's own ``step``; Accelerate wrappers: ``AcceleratedOptimizer.step`` around it;
+    torch optimizer's own ``step``; Accelerate wrappers: what the loop's ``compat.optimizer_step`` adds around it;
     callbacks/events: ``_fire``; the rest of the loop (``accumulate``, ``unscale_gradients``,
     ``zero_grad``, counters) is the total minus those.
     """
@@ -205,20 +229,20 @@ def split_sss(module: LitModule, loader: DataLoader, trainer_kwargs: dict) -> di
         loaders = setup(*args)
         inner = trainer.optimizer.optimizer
         inner.step = timer.wrap("optimizer step", inner.step)
-        trainer.optimizer.step = timer.wrap("optimizer + Accelerate wrapper", trainer.optimizer.step)
         return loaders
 
     trainer._setup_fit = setup_fit
     import sss.trainer._accelerate_compat as compat
     import sss.trainer.trainer as loop
 
-    zero_grad, check_gradients = compat.zero_grad, loop.check_gradients
+    zero_grad, check_gradients, step = compat.zero_grad, loop.check_gradients, compat.optimizer_step
     compat.zero_grad = timer.wrap("zero_grad", zero_grad)
+    compat.optimizer_step = timer.wrap("optimizer + Accelerate wrapper", step)  # the loop's call of the step
     loop.check_gradients = timer.wrap("first-step checks", check_gradients)  # the loop's module-level name
     try:
         trainer.fit(module, train_dataloaders=loader)
     finally:
-        compat.zero_grad, loop.check_gradients = zero_grad, check_gradients
+        compat.zero_grad, loop.check_gradients, compat.optimizer_step = zero_grad, check_gradients, step
     seconds = dict(timer.seconds)
     seconds["Accelerate optimizer wrapper"] = seconds.pop("optimizer + Accelerate wrapper") - seconds["optimizer step"]
     return seconds
@@ -271,7 +295,7 @@ def main() -> None:
         log={"progress": False, "trackers": []},
         checkpoint={"every_epoch": False},
     )
-    plain_times, accelerate_times, sss_times = [], [], []
+    plain_times, accelerate_times, sss_times, floor_times = [], [], [], []
     for _ in range(args.rounds):
         plain = copy.deepcopy(initial)
         plain_times.append(run_plain(plain, DataLoader(dataset, batch_size=batch_size)) / args.steps)
@@ -279,6 +303,8 @@ def main() -> None:
         accelerate_times.append(run_accelerate(hand, DataLoader(dataset, batch_size=batch_size)) / args.steps)
         ours = copy.deepcopy(initial)
         sss_times.append(run_sss(ours, DataLoader(dataset, batch_size=batch_size), trainer_kwargs) / args.steps)
+        floor = copy.deepcopy(initial)  # last in the round: the three loops above keep their order of earlier rows
+        floor_times.append(run_floor(floor, DataLoader(dataset, batch_size=batch_size)) / args.steps)
     diff = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ours.parameters(), strict=True))
     p, s = statistics.median(plain_times) * 1e3, statistics.median(sss_times) * 1e3
     a = statistics.median(accelerate_times) * 1e3
@@ -287,6 +313,8 @@ def main() -> None:
     print("allocator settings:", ", ".join(f"{k}={v}" for k, v in malloc.items()))
     print(f"plain PyTorch loop          : {p:.3f} ms/step (median)")
     print(f"hand-written Accelerate loop: {a:.3f} ms/step (median), ratio {a / p:.3f}")
+    f = statistics.median(floor_times) * 1e3
+    print(f"prepared loader+model floor : {f:.3f} ms/step (median), ratio {f / p:.3f}")
     print(f"SSSTrainer                  : {s:.3f} ms/step (median)")
     print(f"SSSTrainer overhead         : {s - p:+.3f} ms/step, ratio {s / p:.3f}")
     print(f"max |param diff| sss-plain  : {diff:.3g}")

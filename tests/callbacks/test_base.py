@@ -74,7 +74,7 @@ STEP_MAP = [
     ("Event.AFTER_BACKWARD", "# AFTER_BACKWARD"),
     ("state.skip_step", "if not state.skip_step:"),
     ("state.grad_norm = compat.clip_grad_norm_(", "state.grad_norm = accelerator.clip_grad_norm_(...)"),
-    ("self.optimizer.step()", "optimizer.step()"),
+    ("compat.optimizer_step(self.optimizer)", "optimizer.step()"),
     ("state.skipped_steps += 1", "skipped_steps += 1"),
     ("state.global_step += 1", "global_step += 1"),
     ("self.scheduler.step()", "scheduler.step()"),

@@ -10,6 +10,7 @@ On a CPU Accelerate's fp16 does nothing, so loss scaling runs through a real
 from __future__ import annotations
 
 import math
+import sys
 from types import SimpleNamespace
 
 import accelerate.optimizer
@@ -329,3 +330,80 @@ def test_training_without_the_unit_division_is_bitwise_the_same(monkeypatch):
     upstream, off = train()
     assert installed and not off
     assert all(torch.equal(a, b) for a, b in zip(ours, upstream, strict=True))
+
+
+# --- AcceleratedOptimizer.step's per-call probes -----------------------------------------------------------
+
+
+def _env_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the names of Accelerate's flag reads from the environment (what the XLA probe does per call)."""
+    import accelerate.state
+
+    seen, parse = [], accelerate.state.parse_flag_from_env
+    monkeypatch.setattr(
+        accelerate.state, "parse_flag_from_env", lambda key, *a, **k: seen.append(key) or parse(key, *a, **k)
+    )
+    return seen
+
+
+def test_upstream_optimizer_step_reads_the_environment_at_every_step(monkeypatch):
+    seen = _env_reads(monkeypatch)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    for _ in range(3):
+        _backward(accelerator, model)
+        optimizer.step()
+    assert seen.count("ACCELERATE_USE_FSDP") == 3  # via GradientState.is_xla_gradients_synced
+
+
+def test_optimizer_step_calls_the_inner_step_and_updates_as_upstream_does(monkeypatch):
+    seen = _env_reads(monkeypatch)
+    ours, theirs = (_prepared(Accelerator(cpu=True)) for _ in range(2))
+    for _ in range(3):
+        for (model, optimizer), step in ((ours, compat.optimizer_step), (theirs, type(theirs[1]).step)):
+            _backward(Accelerator(cpu=True), model)
+            step(optimizer)
+            optimizer.optimizer.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(ours[0].parameters(), theirs[0].parameters(), strict=True))
+    assert seen.count("ACCELERATE_USE_FSDP") == 3  # the 3 upstream steps only: ours read nothing
+    assert not Accelerator(cpu=True).optimizer_step_was_skipped
+
+
+def _counting_upstream_step(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls, step = [], AcceleratedOptimizer.step
+    monkeypatch.setattr(AcceleratedOptimizer, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    return calls
+
+
+def test_optimizer_step_leaves_a_scaler_a_subclass_an_open_window_and_lomo_to_upstream(monkeypatch):
+    accelerator = _fp16_cpu_accelerator()
+    model, optimizer = _prepared(accelerator)
+    calls = _counting_upstream_step(monkeypatch)
+    _backward(accelerator, model, poison=True)
+    compat.optimizer_step(optimizer)  # fp16: the scaler's step, which finds the inf and skips
+    assert calls == [1] and accelerator.optimizer_step_was_skipped
+
+    class Own(AcceleratedOptimizer):  # as DeepSpeed's wrapper is a subclass with its own step
+        pass
+
+    own = Own(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    compat.optimizer_step(own)
+    assert calls == [1, 1]
+    plain = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    _, optimizer = _prepared(plain)
+    plain.gradient_state._set_sync_gradients(False)  # inside an accumulation window: upstream does nothing
+    compat.optimizer_step(optimizer)
+    assert calls == [1, 1, 1]
+    plain.gradient_state._set_sync_gradients(True)
+    monkeypatch.setattr(accelerate.optimizer, "is_lomo_available", lambda: True)
+    lomo = SimpleNamespace(Lomo=type("Lomo", (), {}), AdaLomo=type("AdaLomo", (), {}))
+    monkeypatch.setitem(sys.modules, "lomo_optim", lomo)  # what upstream's step imports when LOMO is installed
+    compat.optimizer_step(optimizer)  # LOMO installed: upstream decides whether the step is a no-op
+    assert calls == [1, 1, 1, 1]
+
+
+def test_fit_never_runs_upstreams_optimizer_step_without_a_scaler(monkeypatch):
+    calls = _counting_upstream_step(monkeypatch)
+    trainer = SSSTrainer(max_steps=3, **QUIET)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert trainer.state.global_step == 3 and calls == []

@@ -207,3 +207,25 @@ def test_the_loop_stays_readable():
     assert max(lines["fit"], lines["_train_epoch"], lines["_train_step"]) <= 60, lines
     assert lines["_train_step"] + lines["_optimizer_step"] <= 45, lines
     assert "distributed_type" not in inspect.getsource(loop)
+
+
+def test_a_step_skips_the_routers_module_call_only_where_it_would_only_call_forward():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from sss.trainer.trainer import _StepRouter
+
+    trainer = SSSTrainer(max_steps=2, **QUIET)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert trainer._train_call == trainer.model.forward  # one CPU process, fp32: nothing wraps or patches it
+    router = _StepRouter(BoringModule())
+    assert router.caller(nn.Sequential(router)) is not router.forward  # a wrapper (DDP, FSDP, compile) is called
+    hooked = _StepRouter(BoringModule())
+    hooked.register_forward_pre_hook(lambda module, args: None)
+    assert hooked.caller(hooked) is hooked
+    autocast = _StepRouter(BoringModule())
+    AcceleratorState._reset_state(reset_partial_state=True)  # the fit above set fp32 for the process
+    prepared = Accelerator(cpu=True, mixed_precision="bf16").prepare(autocast)  # patches forward with autocast
+    assert prepared is autocast and "forward" in vars(autocast) and autocast.caller(prepared) is prepared
+    batch = next(iter(boring_loader(batch_size=4)))
+    assert prepared("training_step", batch, 0).dtype == torch.float32  # still a loss, through the patched call
