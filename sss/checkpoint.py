@@ -7,31 +7,31 @@ A checkpoint folder is complete when it holds a ``trainer_state.json`` that pars
 under its final name. It is written as ``<name>.tmp``, every file is fsynced, and only then
 renamed, so a crash at any moment leaves either the previous complete checkpoint or the new one.
 The marker records every other file of the folder with its size and CRC32 (``files``); a
-checkpoint is loaded only after `verify_checkpoint` found each of them intact. Rotation deletes
-the marker first, so a half-deleted folder is never taken for a checkpoint.
+checkpoint is loaded only after `verify_checkpoint` found each of them intact and the marker's
+values valid (`sss._marker`). Rotation deletes the marker first, so a half-deleted folder is never
+taken for a checkpoint.
 
-`lock_folder` gives one run at a time a folder (``OUTPUT_DIR``, a checkpoints folder): an
-``fcntl.flock`` on ``.sss.lock``, which also names the holder (pid, host, start, command).
+`lock_folder` (from `sss._lock`) gives one run at a time a folder (``OUTPUT_DIR``, a checkpoints
+folder): an ``fcntl.flock`` on ``.sss.lock``, which also names the holder (pid, host, start, command).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
-import socket
-import sys
 import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sss._config_diff import config_differences, config_hash
+from sss._lock import LOCK, FolderInUseError, FolderLock, folder_holder, lock_folder
+from sss._marker import marker_problem
 from sss.errors import SSSError
 
 __all__ = [
@@ -68,30 +68,6 @@ MARKER = "trainer_state.json"
 """Written last into a checkpoint folder: a folder without it is not a checkpoint."""
 _NAME = re.compile(r"^step_(\d{7,})$")
 _FSDP_MODEL = "pytorch_model_fsdp_0"  # Accelerate's folder of a sharded model state
-
-# Keys of the run config that do not change the math of the steps still to run: where files go,
-# what is logged or printed, how often checkpoints are taken, and loader plumbing. Everything else
-# must match the checkpoint; the two limits may only grow.
-_NEUTRAL = (
-    "name",
-    "callbacks",
-    "trainer.output_dir",
-    "trainer.resume",
-    "trainer.resume_resize",
-    "trainer.rendezvous_timeout",
-    "trainer.log.",
-    "trainer.checkpoint.",
-    "trainer.val_every_n_epochs",
-    "trainer.val_every_n_steps",  # step validations restore the RNG: the training math is the same
-    "trainer.find_unused_parameters",
-    "trainer.cpu",
-    "data.pin_memory",
-    "data.persistent_workers",
-    "data.prefetch_factor",
-    "data.root",
-    "data.cache_dir",
-)
-_MAY_GROW = ("trainer.max_epochs", "trainer.max_steps")
 
 
 def _fsync(path: Path, directory: bool = False) -> None:
@@ -270,14 +246,16 @@ def rng_file(process_index: int) -> str:
     return f"random_states_{process_index}.pkl"
 
 
-def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
+def verify_checkpoint(checkpoint: str | Path, resume: bool = False) -> dict[str, Any]:
     """Check a checkpoint folder against its marker's manifest; return the marker's content.
 
     Raises `DamagedCheckpointError` naming the first file that is missing, has another size or
-    another CRC32 than recorded, or a marker that is missing or does not parse. The RNG state file
-    of every process that wrote the checkpoint must be among the files: without it a resume
-    would not be exact. A checkpoint written before sss recorded manifests is checked for its
-    model and RNG files only.
+    another CRC32 than recorded, or a marker that is missing, does not parse or holds a value of the
+    wrong type or range (`sss._marker.marker_problem`; with `resume`, also one without a value a resume
+    reads). The RNG state file of every process that wrote the checkpoint must be among the files:
+    without it a resume would not be exact. A folder named ``step_NNNNNNN`` must hold that step: one
+    renamed or copied by hand is not taken for another step. A checkpoint written before sss recorded
+    manifests is checked for its model and RNG files only.
 
     Example:
         >>> import tempfile, pathlib
@@ -292,6 +270,28 @@ def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
         sss.checkpoint.DamagedCheckpointError: .../random_states_0.pkl is 2 bytes but trainer_state.json recorded 3 ...
     """
     checkpoint = Path(checkpoint)
+    meta = _valid_marker(checkpoint, resume)
+    files = meta.get("files")
+    if files is None:  # written before manifests: the model and RNG files must at least be there
+        files = {}
+        if not any((checkpoint / n).exists() for n in ("model.safetensors", "pytorch_model.bin", _FSDP_MODEL)):
+            raise DamagedCheckpointError(f"{checkpoint / 'model.safetensors'} is missing")
+    if any(Path(n).is_absolute() or ".." in Path(n).parts for n in files):
+        raise DamagedCheckpointError(f"{checkpoint / MARKER}: its file list is not a manifest of this folder: damaged")
+    processes = meta.get("num_processes", 1)
+    for name, entry in files.items():
+        why = _file_problem(checkpoint / name, entry)
+        if why:
+            raise DamagedCheckpointError(f"{checkpoint / name} {why}{_rng_note(name, processes)}")
+    for i in range(processes):  # each process's RNG file, also one not in the manifest; the first missing ends it
+        name = rng_file(i)
+        if name not in files and not (checkpoint / name).is_file():
+            raise DamagedCheckpointError(f"{checkpoint / name} is missing{_rng_note(name, processes)}")
+    return meta
+
+
+def _valid_marker(checkpoint: Path, resume: bool) -> dict[str, Any]:
+    # The marker, parsed and checked against the schema, and the folder's name against its step.
     marker = checkpoint / MARKER
     if not marker.is_file():
         raise DamagedCheckpointError(
@@ -300,26 +300,30 @@ def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
         )
     try:
         meta = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise DamagedCheckpointError(f"{marker} cannot be read as JSON ({exc}): the marker is damaged") from exc
     if not isinstance(meta, dict) or "global_step" not in meta:
         raise DamagedCheckpointError(f"{marker} is not an sss checkpoint marker (no global_step): it is damaged")
-    files = meta.get("files")
-    if files is None:  # written before manifests: the model and RNG files must at least be there
-        files = {}
-        if not any((checkpoint / n).exists() for n in ("model.safetensors", "pytorch_model.bin", _FSDP_MODEL)):
-            raise DamagedCheckpointError(f"{checkpoint / 'model.safetensors'} is missing")
-    if not isinstance(files, dict) or any(Path(n).is_absolute() or ".." in Path(n).parts for n in files):
-        raise DamagedCheckpointError(f"{marker}: its file list is not a manifest of this folder: it is damaged")
-    needed = [rng_file(i) for i in range(int(meta.get("num_processes", 1)))]
-    for name in [*files, *(n for n in needed if n not in files)]:
-        file, entry = checkpoint / name, files.get(name)
-        why = _file_problem(file, entry if isinstance(entry, dict) or entry is None else {})
-        if why and name in needed:
-            why += f" (the RNG state of process {needed.index(name)}; without it the resume would not be exact)"
-        if why:
-            raise DamagedCheckpointError(f"{file} {why}")
+    problem = marker_problem(meta, resume)
+    if problem is not None:
+        raise DamagedCheckpointError(
+            f"{marker}: {problem}: the marker is damaged (edited, or garbled on disk) and nothing is read from it"
+        )
+    named = _NAME.match(checkpoint.name)
+    if named is not None and int(named.group(1)) != meta["global_step"]:
+        step = meta["global_step"]
+        raise DamagedCheckpointError(
+            f"{checkpoint}: its name says step {int(named.group(1))} but its {MARKER} says global_step {step} "
+            f"(renamed or copied by hand?): it is not taken for another step; rename it step_{step:07d} to use it"
+        )
     return meta
+
+
+def _rng_note(name: str, processes: int) -> str:
+    found = re.fullmatch(r"random_states_(\d+)\.pkl", name)
+    if found is None or int(found.group(1)) >= processes:
+        return ""
+    return f" (the RNG state of process {int(found.group(1))}; without it the resume would not be exact)"
 
 
 def _file_problem(file: Path, entry: dict[str, Any] | None) -> str | None:
@@ -337,7 +341,10 @@ def _file_problem(file: Path, entry: dict[str, Any] | None) -> str | None:
 
 
 def newest_verified(folder: str | Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint in `folder` that `verify_checkpoint` accepts, and why each newer one failed.
+    """The newest checkpoint in `folder` that a resume may take, and why each newer one failed.
+
+    That is the newest that `verify_checkpoint` accepts with ``resume=True``; a folder whose name and
+    marker disagree on the step is among the failures, with the reason.
 
     Example:
         >>> newest_verified("/nonexistent")
@@ -346,7 +353,7 @@ def newest_verified(folder: str | Path) -> tuple[Path | None, list[str]]:
     damaged: list[str] = []
     for candidate in reversed(_step_folders(folder)):
         try:
-            verify_checkpoint(candidate)
+            verify_checkpoint(candidate, resume=True)
         except DamagedCheckpointError as exc:
             damaged.append(str(exc))
             continue
@@ -546,79 +553,6 @@ def _is_zip(file: Path) -> bool:
         return f.read(4) == b"PK\x03\x04"  # torch.save's default format; mmap needs it
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    """A short hash of the fields of `config` that change the math of training.
-
-    Example:
-        >>> config_hash({"trainer": {"seed": 1, "log": {"every_n_steps": 5}}}) == config_hash({"trainer": {"seed": 1}})
-        True
-    """
-    math = {k: v for k, v in _flatten(config).items() if not _neutral(k)}
-    return hashlib.sha256(json.dumps(math, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The fields that differ between a checkpoint's config and the resuming one, as messages.
-
-    Neutral fields (output, logging, checkpoint cadence, loader plumbing) may differ, and
-    ``trainer.max_epochs``/``trainer.max_steps`` may grow.
-
-    Example:
-        >>> saved = {"trainer": {"seed": 1, "max_steps": 10}, "name": "a"}
-        >>> config_differences(saved, {"trainer": {"seed": 1, "max_steps": 20}, "name": "b"})
-        []
-        >>> for line in config_differences(saved, {"trainer": {"seed": 2, "max_steps": 5}, "name": "a"}):
-        ...     print(line)
-        trainer.max_steps: 10 in the checkpoint, 5 now (it may only grow)
-        trainer.seed: 1 in the checkpoint, 2 now
-
-    A setting the checkpoint does not know (one added to sss since) is no difference while it is
-    left at its default, so checkpoints of an earlier version stay resumable.
-    """
-    old, new = _flatten(saved), _flatten(current)
-    defaults = _schema_defaults()
-    problems = []
-    for key in sorted(set(old) | set(new)):
-        if _neutral(key):
-            continue
-        if key not in old and key in defaults and new.get(key) == defaults[key]:
-            continue  # a setting added to sss after the checkpoint was written, left at its default
-        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
-        if key in _MAY_GROW:
-            if a is not None and (b is None or (isinstance(b, int) and b >= a)):
-                continue
-            if a == b:
-                continue
-            problems.append(f"{key}: {a} in the checkpoint, {b} now (it may only grow)")
-        elif a != b:
-            problems.append(f"{key}: {a} in the checkpoint, {b} now")
-    return problems
-
-
-def _schema_defaults() -> dict[str, Any]:
-    import dataclasses
-
-    from sss.config import SSSConfig
-
-    return _flatten(dataclasses.asdict(SSSConfig()))
-
-
-def _neutral(key: str) -> bool:
-    return any(key == n or (n.endswith(".") and key.startswith(n)) or key.startswith(n + ".") for n in _NEUTRAL)
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def get_rng_state() -> dict[str, Any]:
     """The process's Python, NumPy, torch CPU and CUDA RNG states (what Accelerate saves per process)."""
     import random
@@ -640,194 +574,6 @@ def set_rng_state(saved: dict[str, Any]) -> None:
     torch.set_rng_state(saved["torch"])
     if saved["cuda"] is not None:
         torch.cuda.set_rng_state_all(saved["cuda"])
-
-
-# ---------------------------------------------------------------------- the folder lock
-LOCK = ".sss.lock"
-"""The lock file of a folder in use by a run (``OUTPUT_DIR``, a checkpoints folder); removed when the run ends."""
-
-_GRACE_S = 1.0
-"""How long `lock_folder` waits for a held lock: a run killed a moment ago may still be exiting (tearing
-down its memory) and releases its flock only when it is gone."""
-_HELD: dict[str, FolderLock] = {}  # this process's locks by real path, so that one run can take its folder twice
-
-
-class FolderInUseError(FileExistsError, SSSError):
-    """The folder is locked by another live run."""
-
-
-class FolderLock:
-    """An exclusive ``fcntl.flock`` on ``FOLDER/.sss.lock``, held until `release` (or the process ends).
-
-    The kernel drops the flock when the holder dies, however it dies (``kill -9`` too); the file's
-    JSON body ``{pid, host, started, command}`` names the holder in the refusal message. Made by
-    `lock_folder`; a context manager.
-    """
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd, self._pid, self._count = path, fd, os.getpid(), 1
-
-    def release(self) -> None:
-        """Let the folder go (once per `lock_folder` call); the file is removed with the last release."""
-        if self._fd is None or self._pid != os.getpid():
-            return
-        self._count -= 1
-        if self._count:
-            return
-        _HELD.pop(os.path.realpath(self.path), None)
-        with contextlib.suppress(OSError):
-            self.path.unlink()  # before unlocking: a run that opened the old file sees it is gone and retries
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> FolderLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def lock_folder(folder: str | Path, what: str = "run") -> FolderLock:
-    """Take `folder` for this process, or raise `FolderInUseError` naming the live run that has it.
-
-    A lock left by a run that ended without releasing it is taken over with a one-line notice:
-    either the kernel already dropped its flock (the run was killed), or the flock survives in
-    processes that inherited it but the run's own pid is gone on this host. Taking a folder this
-    process already holds nests (one `release` per call).
-
-    Example:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> with lock_folder(folder) as lock:
-        ...     folder_holder(folder)["pid"] == os.getpid()
-        True
-        >>> folder_holder(folder) is None
-        True
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK
-    held = _HELD.get(os.path.realpath(path))
-    if held is not None and held._pid == os.getpid() and held._fd is not None:
-        held._count += 1
-        return held
-    for _ in range(10):  # each retry follows a holder that released or was taken over meanwhile
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            _flock_within(fd, 0 if _gone(_read_holder(fd)) else _GRACE_S)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            same = _same_file(fd, path)
-            os.close(fd)
-            if not same:
-                continue
-            if not _gone(holder):
-                raise FolderInUseError(
-                    f"{folder} is in use by another sss {what}: {_describe(holder)}. Two runs in one folder would "
-                    f"overwrite each other's checkpoints and results. Wait for it to end, or give this run another "
-                    f"folder (trainer.output_dir); if that process is not running any more, delete {path}."
-                ) from None
-            print(f"sss: {folder}: taking over the lock of {_describe(holder)}: that process is gone", flush=True)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # a fresh file: the processes that inherited the old flock keep only the old one
-            continue
-        if not _same_file(fd, path):  # its holder removed it between our open and our flock
-            os.close(fd)
-            continue
-        holder = _read_holder(fd)
-        if holder:
-            ended = "which ended without releasing it"
-            print(f"sss: {folder}: taking over the lock of {_describe(holder)}, {ended}", flush=True)
-        body = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": shlex.join(sys.argv),
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(body).encode(), 0)
-        lock = _HELD[os.path.realpath(path)] = FolderLock(path, fd)
-        return lock
-    raise FolderInUseError(f"{folder}: could not take {path}: other runs keep taking and releasing it")
-
-
-def _flock_within(fd: int, seconds: float) -> None:
-    import fcntl
-    import time
-
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.02)
-
-
-def folder_holder(folder: str | Path) -> dict[str, Any] | None:
-    """The lock body ``{pid, host, started, command}`` of the live run holding `folder`, or None.
-
-    Example:
-        >>> folder_holder("/nonexistent") is None
-        True
-    """
-    import fcntl
-
-    path = Path(folder) / LOCK
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        held = _HELD.get(os.path.realpath(path))
-        if held is not None and held._pid == os.getpid() and held._fd is not None:
-            return _read_holder(fd) or {"pid": os.getpid()}
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe: nobody holds it
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            return None if _gone(holder) else (holder or {})
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    try:
-        body = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _gone(holder: dict[str, Any]) -> bool:
-    # Only a pid on this host can be checked; elsewhere, a held flock means a live run.
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
-
-
-def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
-        return "a process that has not written its name yet"
-    text = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
-    return text + (f" ({holder['command']})" if holder.get("command") else "")
 
 
 def holds_run(folder: str | Path) -> bool:

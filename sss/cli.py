@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sss._redact import redact_urls
+
 EXIT_CONFIG = 2
 
 
@@ -50,7 +52,7 @@ def fit(
         "gradient_accumulation_steps": gradient_accumulation_steps,
     }
     from sss.config import ConfigError
-    from sss.run.launch import apply_launch_settings, relaunch
+    from sss.run.launch import Rerun, apply_launch_settings, relaunch
 
     try:
         processes = apply_launch_settings(cfg, sources, flags, config_file, debug)
@@ -73,7 +75,9 @@ def fit(
         ]
         extra = (["--resume", resume] if resume else []) + (["--debug"] if debug else [])
         extra += ["--profile"] if profile else []
-        return relaunch(processes, ["fit", config, *overrides, *resolved, *extra])
+        words = _RUN.get("argv", ["fit", config, *overrides])
+        rerun = Rerun.of(cfg.trainer.output_dir, words)  # for a rank lost to a signal: how to continue
+        return relaunch(processes, ["fit", config, *overrides, *resolved, *extra], _RUN.get("traceback", False), rerun)
     from sss.run.fit import run_fit
 
     run_fit(cfg, resume=resume)  # its errors become one line and an exit code in main()
@@ -133,7 +137,8 @@ def _evaluate(
     if processes and processes > 1 and "LOCAL_RANK" not in os.environ:
         extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
         extra += ["--trust-code"] if trust_code else []
-        return relaunch(processes, [command, *([config] if config else []), *overrides, "--ckpt", ckpt, *extra])
+        words = [command, *([config] if config else []), *overrides, "--ckpt", ckpt, *extra]
+        return relaunch(processes, words, _RUN.get("traceback", False))
     cfg = _config_for(command, config, overrides, ckpt, trust_code)
     if cfg is None:
         return EXIT_CONFIG
@@ -217,7 +222,10 @@ def check(config: str, overrides: list[str]) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         if not problems:
-            print(f"{config}: ok (model folder; it loads without --trust-code: it names only sss's own models)")
+            print(
+                f"{config}: ok (model folder; it loads without --trust-code: it names only sss's own models; its "
+                "config is read as data: no ${...} resolved, no file outside the folder opened)"
+            )
         return EXIT_CONFIG if problems else 0
     cfg = _load_checked(config, overrides)
     if cfg is None:
@@ -287,10 +295,23 @@ def data(
     if action != "make" or kind != "industrial":
         print("error: the data command knows: sss data make industrial OUT [--n N] [--seed S]", file=sys.stderr)
         return EXIT_CONFIG
-    from sss.data import make_industrial
-
     n_val = max(1, n // 5) if n_val is None else n_val
     n_test = max(1, n // 5) if n_test is None else n_test
+    # The generator's own limits, said with the flags' names (it says n_train, which no flag is called).
+    limits = [
+        ("--n", n, n >= 1, "at least 1"),
+        ("--n-val", n_val, n_val >= 0, "0 or more"),
+        ("--n-test", n_test, n_test >= 0, "0 or more"),
+        ("--image-size", image_size, image_size >= 16, "at least 16 (pixels)"),
+        ("--sample-rate", sample_rate, sample_rate >= 16000, "at least 16000 (the sounds reach 7 kHz)"),
+        ("--clip-seconds", clip_seconds, clip_seconds >= 0.5, "at least 0.5 (room for a transient)"),
+    ]
+    for flag, value, ok, need in limits:
+        if not ok:
+            print(f"error: sss data make {flag} {value}: must be {need}", file=sys.stderr)
+            return EXIT_CONFIG
+    from sss.data import make_industrial
+
     path = make_industrial(
         out,
         n_train=n,
@@ -347,7 +368,8 @@ def tune(
             f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
         ]
         ranges = ["--steps", str(steps), "--min-lr", str(min_lr), "--max-lr", str(max_lr)]
-        return relaunch(processes, ["tune", "lr", config, *overrides, *resolved, *ranges, *(["--apply"] * apply)])
+        words = ["tune", "lr", config, *overrides, *resolved, *ranges, *(["--apply"] * apply)]
+        return relaunch(processes, words, _RUN.get("traceback", False))
     from sss.run.tune import LR_KEY, lr_find, sparkline, write_result
 
     result = lr_find(cfg, steps=steps, min_lr=min_lr, max_lr=max_lr)
@@ -678,14 +700,21 @@ def main(argv: list[str] | None = None) -> int:
         command = COMMANDS[name]
         _gather_words(parser, name, args, extra)
         _RUN.clear()
+        _RUN.update(argv=argv, traceback=traceback)  # for the processes a launch starts (sss.run.launch.relaunch)
         try:
             _check_flags(args)
             return command(**args)
         except BaseException as exc:
-            if traceback or isinstance(exc, SystemExit):
+            launched = os.environ.get("SSS_RANK_ERRORS")  # a rank sss launched: `sys.exit("error: ...")` is a line too
+            if traceback or (isinstance(exc, SystemExit) and not (launched and isinstance(exc.code, str))):
                 raise
-            message, code = explain_error(exc)
-            print(message, file=sys.stderr, flush=True)
+            message, code = (str(exc.code), 1) if isinstance(exc, SystemExit) else explain_error(exc)
+            from sss.run.launch import record_rank_error
+
+            cfg = _RUN.get("config")
+            if record_rank_error(redact_urls(message), code, exc, cfg.trainer.output_dir if cfg else None):
+                return code  # the launcher prints the line of the rank that failed first, once
+            print(redact_urls(message), file=sys.stderr, flush=True)  # no URL's password on a terminal
             return code
 
 
@@ -963,9 +992,11 @@ def _out_of_space(exc: BaseException) -> bool:
 
 
 def _write_target(exc: BaseException) -> Path:
+    # The writers name the folder they write (sss._writing.writing_to): the outermost OSError of the chain.
+    # A copy or a rename names its destination second (shutil.copyfile on a full disk: filename2).
     for link in _chain(exc):
-        if isinstance(link, OSError) and link.filename:
-            return Path(os.fsdecode(link.filename))
+        if isinstance(link, OSError) and (link.filename2 or link.filename):
+            return Path(os.fsdecode(link.filename2 or link.filename))
     cfg = _RUN.get("config")
     return Path(cfg.trainer.output_dir) if cfg is not None and cfg.trainer.output_dir else Path.cwd()
 
@@ -984,10 +1015,16 @@ def _disk_full(exc: BaseException) -> tuple[str, int]:
 
 
 def _after_write_failure() -> str:
-    if "config" not in _RUN:
+    cfg = _RUN.get("config")
+    if cfg is None:
         return "free some space and run the command again"
+    from sss.checkpoint import complete_checkpoints
+
     # Checkpoints are written as step_N.tmp and renamed when complete; the next start removes the leftover.
-    return "the previous checkpoint is intact: free some space, then continue with `sss fit CONFIG --resume`"
+    saved = complete_checkpoints(Path(cfg.trainer.output_dir or ".") / "checkpoints")
+    if not saved:
+        return "no checkpoint was saved yet: free some space, then run `sss fit CONFIG` again"
+    return f"the checkpoint {saved[-1]} is intact: free some space, then continue with `sss fit CONFIG --resume`"
 
 
 def _write_failed(exc: BaseException) -> tuple[str, int]:
@@ -1014,6 +1051,25 @@ def _not_allowed(exc: BaseException) -> tuple[str, int]:
     else:
         fix = "make it readable and writable for this user (chmod, chown), or use another path"
     return f"error: {head}; {fix}", 1
+
+
+def _not_a_folder(exc: BaseException) -> bool:
+    # mkdir of a path that is a file (trainer.output_dir=/dev/null): the OS says only "File exists".
+    if not isinstance(exc, OSError) or not exc.filename or exc.errno not in (errno.EEXIST, errno.ENOTDIR):
+        return False
+    path = Path(os.fsdecode(exc.filename))
+    return exc.errno == errno.ENOTDIR or (path.exists() and not path.is_dir())
+
+
+def _not_a_folder_message(exc: BaseException) -> tuple[str, int]:
+    assert isinstance(exc, OSError)
+    path = Path(os.fsdecode(exc.filename))
+    found = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+    cfg = _RUN.get("config")
+    out = Path(cfg.trainer.output_dir) if cfg is not None and cfg.trainer.output_dir else None
+    if out is not None and (out == path or out.absolute() in (path.absolute(), *path.absolute().parents)):
+        return f"error: trainer.output_dir={out}: {found} exists and is not a folder; choose a folder path", 1
+    return f"error: {found} exists and is not a folder, so nothing can be written in it; choose a folder path", 1
 
 
 def _interrupted(exc: BaseException) -> tuple[str, int]:
@@ -1076,6 +1132,7 @@ ERRORS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException], tu
     (_out_of_space, _disk_full),
     (_is_sss_error, lambda exc: (f"error: {exc}", getattr(exc, "exit_code", 1))),
     (_is_os(errno.EROFS, errno.EACCES, errno.EPERM), _not_allowed),
+    (_not_a_folder, _not_a_folder_message),  # trainer.output_dir=/dev/null: "File exists" on its own says nothing
     (lambda exc: isinstance(exc, RuntimeError) and bool(_WRITE_FAILED.search(str(exc))), _write_failed),
     (_not_deterministic, _nondeterministic_op),  # under trainer.deterministic=true
     # sss raises these with a message naming the path and the fix; the OS's own name the path too

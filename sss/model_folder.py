@@ -23,21 +23,26 @@ import torch
 
 from sss.checkpoint import MARKER
 from sss.config import ConfigError, SSSConfig, check_target, instantiate, load_config
-from sss.config.instantiate import find_targets
+from sss.config.instantiate import find_targets, model_problems
 from sss.errors import SSSError
 
 __all__ = [
+    "FILES",
     "PREPROCESSING",
     "SETTINGS",
     "WEIGHTS",
+    "DamagedModelFolderError",
     "UntrustedCodeError",
     "add_onnx",
     "check_model_folder",
     "export_model",
     "export_onnx",
+    "load_folder_config",
     "load_model",
     "load_trained_weights",
     "preprocessing",
+    "read_preprocessing",
+    "require_complete",
     "untrusted_targets",
 ]
 
@@ -45,6 +50,23 @@ WEIGHTS = "model.safetensors"
 PREPROCESSING = "preprocessing.json"
 SETTINGS = ("image_size", "sample_rate", "clip_seconds", "event_frame_rate")
 """The datamodule settings a model folder records, so that prediction decodes inputs as training did."""
+FILES = {
+    WEIGHTS: "the weights",
+    "config.yaml": "what builds the model",
+    PREPROCESSING: "how inputs were prepared: classes, image size, sample rate; without it inputs would be decoded "
+    "with defaults",
+    "README.md": "the model card: what the model is and how it was trained",
+}
+"""The files of a model folder and what each holds; a folder without one of them is damaged."""
+
+
+class DamagedModelFolderError(FileNotFoundError, SSSError):
+    """A model folder with a file missing or unreadable (`FILES`); ``sss check FOLDER`` and ``sss predict`` refuse it.
+
+    Example:
+        >>> DamagedModelFolderError("m is a damaged model folder: ...").exit_code
+        1
+    """
 
 
 class UntrustedCodeError(SSSError):
@@ -202,6 +224,9 @@ def add_onnx(module: torch.nn.Module, folder: str | Path) -> Path:
 def fresh_folder(out: str | Path) -> Iterator[Path]:
     """Create `out` (it must be new or empty) for an export; when the export raises, remove what it wrote.
 
+    The folders it created (`out` and any missing parent) are removed too, so a failed export leaves
+    the disk as it found it. A full or read-only disk names `out` (`sss._writing.writing_to`).
+
     Example:
         >>> import tempfile
         >>> out = Path(tempfile.mkdtemp()) / "m"
@@ -216,19 +241,23 @@ def fresh_folder(out: str | Path) -> Iterator[Path]:
     """
     import shutil
 
+    from sss._writing import writing_to
+
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} already exists and is not empty; choose another folder or remove it")
-    existed = out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    created = [p for p in (out, *out.parents) if not p.exists()]  # innermost first
     try:
-        yield out
+        with writing_to(out):
+            out.mkdir(parents=True, exist_ok=True)
+            yield out
     except BaseException:
         # `out` was empty or new: everything in it now is this export's own half-written output.
-        for child in out.iterdir():
+        for child in out.iterdir() if out.is_dir() else ():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
-        if not existed:
-            out.rmdir()
+        for folder in created:
+            with contextlib.suppress(OSError):  # a parent that someone else wrote into meanwhile stays
+                folder.rmdir()
         raise
 
 
@@ -364,7 +393,7 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", trust_cod
             raise FileNotFoundError(
                 f"{folder} is not an sss model folder: {name} is missing (write one with sss export or sss fit)"
             )
-    cfg = load_config(folder / "config.yaml")
+    cfg = load_config(folder / "config.yaml", untrusted=True)  # no ${...}, no file outside the folder
     if not trust_code and (found := untrusted_targets(cfg.model)):
         raise UntrustedCodeError(folder / "config.yaml", found)
     module = instantiate(cfg.model)
@@ -379,6 +408,8 @@ def check_model_folder(folder: str | Path, overrides: list[str] | tuple[str, ...
     Missing files, a config that does not load, ``_target_`` names outside sss's allowlist (the
     `UntrustedCodeError` message: nothing is imported then) and, for a clean folder, the model
     spec's argument errors. An empty list: `load_model` builds it without ``trust_code``.
+    The config is read as untrusted data (`sss.config.load_config` with ``untrusted=True``): a
+    ``${...}`` in it, or a model argument naming a file outside the folder, is a problem too.
 
     Example:
         >>> import tempfile
@@ -389,19 +420,109 @@ def check_model_folder(folder: str | Path, overrides: list[str] | tuple[str, ...
         []
     """
     folder = Path(folder)
-    missing = [name for name in (WEIGHTS, "config.yaml") if not (folder / name).is_file()]
-    if missing:
-        where = f"{folder} is not an sss model folder: {', '.join(missing)} missing"
-        return [f"{where} (write one with sss export or sss fit)"]
     try:
-        cfg = load_config(folder / "config.yaml", overrides)
-    except ConfigError as exc:
+        require_complete(folder)
+        cfg = load_config(folder / "config.yaml", overrides, untrusted=True)
+    except (ConfigError, FileNotFoundError) as exc:
         return [str(exc)]
     if not cfg.model:
         return [f"{folder / 'config.yaml'}: model: missing; a model folder's config must say what builds the model"]
     if found := untrusted_targets(cfg.model):
         return [str(UntrustedCodeError(folder / "config.yaml", found))]
-    return [f"{folder / 'config.yaml'}: {problem}" for problem in check_target(cfg.model, "model")]
+    problems = check_target(cfg.model, "model") or model_problems(cfg.model)  # the ranges `sss fit` refuses
+    return [f"{folder / 'config.yaml'}: {problem}" for problem in problems]
+
+
+def require_complete(folder: str | Path) -> None:
+    """Raise `DamagedModelFolderError` naming each file of `FILES` that `folder` lacks, or a bad ``preprocessing.json``.
+
+    Without ``model.safetensors`` and ``config.yaml`` it is not a model folder at all (`FileNotFoundError`).
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> for name in (WEIGHTS, "config.yaml", "README.md"):
+        ...     _ = (folder / name).write_text("")
+        >>> require_complete(folder)
+        Traceback (most recent call last):
+        ...
+        sss.model_folder.DamagedModelFolderError: ... is a damaged model folder: preprocessing.json is missing (how ...
+    """
+    folder = Path(folder)
+    missing = [name for name in FILES if not (folder / name).is_file()]
+    if WEIGHTS in missing and "config.yaml" in missing:
+        where = f"{folder} is not an sss model folder: {', '.join(missing[:2])} missing"
+        raise FileNotFoundError(f"{where} (write one with sss export or sss fit)")
+    if missing:
+        what = "; ".join(f"{name} is missing ({FILES[name]})" for name in missing)
+        raise DamagedModelFolderError(
+            f"{folder} is a damaged model folder: {what}. Export it again (sss export), or copy the file from "
+            "where the folder came from"
+        )
+    read_preprocessing(folder)
+
+
+def read_preprocessing(folder: str | Path) -> dict[str, Any]:
+    """The folder's ``preprocessing.json``, checked as data; `DamagedModelFolderError` when missing or malformed.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / PREPROCESSING).write_text('{"classes": ["a", "b"], "task": null, "image_size": 64}')
+        >>> read_preprocessing(folder)["image_size"]
+        64
+    """
+    path = Path(folder) / PREPROCESSING
+    if not path.is_file():
+        raise DamagedModelFolderError(
+            f"{Path(folder)} is a damaged model folder: {PREPROCESSING} is missing "
+            f"({FILES[PREPROCESSING]}). Export it again (sss export)"
+        )
+    try:
+        prep = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise DamagedModelFolderError(
+            f"{path}: not readable JSON ({str(exc)[:80]}): the model folder is damaged; export it again (sss export)"
+        ) from None
+    problem = _preprocessing_problem(prep)
+    if problem:
+        raise DamagedModelFolderError(f"{path}: {problem}: the model folder is damaged; export it again (sss export)")
+    return prep
+
+
+def _preprocessing_problem(prep: Any) -> str | None:
+    if not isinstance(prep, dict):
+        return f"expected a JSON object, got {type(prep).__name__}"
+    classes = prep.get("classes")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        return "classes: expected a list of class names or null"
+    if prep.get("task") is not None and not isinstance(prep["task"], str):
+        return "task: expected a task name or null"
+    for key in SETTINGS:
+        value = prep.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            return f"{key}: expected a positive number or null, got {value!r}"
+    return None
+
+
+def load_folder_config(
+    folder: str | Path, overrides: list[str] | tuple[str, ...] = (), sources: dict[str, str] | None = None
+) -> SSSConfig:
+    """The folder's ``config.yaml`` with `overrides` merged over it, read as untrusted data (as `load_model` does).
+
+    No ``${...}`` interpolation is resolved (refused, naming the key) and the ``model:`` spec may
+    name no file outside the folder (pretrained-weight settings are dropped: the weights come from
+    ``model.safetensors``); see `sss.config.load_config`'s ``untrusted``. `sources` as there.
+
+    Example:
+        >>> import tempfile
+        >>> from sss.config import SSSConfig
+        >>> cfg = SSSConfig(name="demo", model={"_target_": "sss.testing.BoringModule"})
+        >>> folder = export_model(instantiate(cfg.model), cfg, {}, tempfile.mkdtemp() + "/m")
+        >>> load_folder_config(folder, ["trainer.seed=3"]).trainer.seed
+        3
+    """
+    return load_config(Path(folder) / "config.yaml", overrides, sources, untrusted=True)
 
 
 def _load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], source: Path, hint: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sss._writing import writing_to
 from sss.errors import SSSError
 
 __all__ = [
@@ -167,12 +168,11 @@ def write_onnx(module: nn.Module, folder: str | Path, prep: Mapping[str, Any], o
             onnx_program = torch.onnx.export(
                 program, input_names=list(keys), output_names=["logits"], opset_version=opset, dynamo=True
             )
-        onnx_program.save(str(path))
     except OnnxExportError:
         raise
     except Exception as exc:  # the exporters raise many types; each becomes one line naming the op or module
-        path.unlink(missing_ok=True)
         raise OnnxExportError(_explain(module, exc)) from exc
+    _save(onnx_program, path, module)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     diff = 0.0
     with torch.no_grad():
@@ -195,6 +195,17 @@ def write_onnx(module: nn.Module, folder: str | Path, prep: Mapping[str, Any], o
         "max_abs_diff": diff,
         "batches": list(CHECK_BATCHES),
     }
+
+
+def _save(onnx_program: Any, path: Path, module: nn.Module) -> None:
+    try:
+        with writing_to(path.parent):  # a full disk is not the model's fault: it names the folder, not an op
+            onnx_program.save(str(path))
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise
+        raise OnnxExportError(_explain(module, exc)) from exc
 
 
 def model_card_section(found: Mapping[str, Any]) -> str:

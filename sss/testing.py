@@ -1,8 +1,9 @@
-"""Helpers for tests and examples: a tiny `BoringModule`, its data, an `EventRecorder` callback, `count_host_syncs`."""
+"""Test helpers: a tiny `BoringModule`, its data, `EventRecorder`, `count_host_syncs`, `subprocess_env`."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import sysconfig
 import threading
@@ -35,6 +36,7 @@ __all__ = [
     "HostSyncs",
     "boring_loader",
     "count_host_syncs",
+    "subprocess_env",
 ]
 
 
@@ -349,3 +351,26 @@ def count_host_syncs(device: str | torch.device | None = None) -> Iterator[HostS
     finally:
         for name, original in originals.items():
             setattr(Tensor, name, original)
+
+
+SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
+"""The folder holding the `sss` package this process imported (a checkout, or site-packages)."""
+
+
+def subprocess_env(*paths: str | os.PathLike[str], **overrides: str) -> dict[str, str]:
+    """The environment of a test's child process: this one's, with this process's `sss` first on ``PYTHONPATH``.
+
+    `paths` (e.g. ``tests/scripts``) come next, then the ``PYTHONPATH`` this process had; `overrides`
+    are set last. A child given ``PYTHONPATH=tests/scripts`` alone imports whichever `sss` is
+    installed, so a test of a checkout would run another copy's code and could not fail.
+
+    Example:
+        >>> env = subprocess_env("/scripts", OMP_NUM_THREADS="1")
+        >>> env["PYTHONPATH"].split(os.pathsep)[:2] == [SOURCE_ROOT, "/scripts"]
+        True
+        >>> env["OMP_NUM_THREADS"]
+        '1'
+    """
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    entries = [SOURCE_ROOT, *(os.fspath(p) for p in paths), *inherited]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(entries)), **overrides}

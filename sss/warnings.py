@@ -8,12 +8,17 @@ every other warning as it was. Filter them like any warning category::
 
     warnings.filterwarnings("ignore", category=SSSWarning)   # or: python -W ignore::sss.warnings.SSSWarning
 
-This module imports nothing from sss, so any layer can use it.
+A URL's password in a message is printed as ``***`` (`sss._redact.redact_urls`), in sss's warnings and
+in every other category's while the short format is in use.
+
+This module imports nothing from sss but `sss._redact` (which imports nothing), so any layer can use it.
 """
 
 from __future__ import annotations
 
 import warnings
+
+from sss._redact import redact_urls
 
 __all__ = ["SSSWarning", "use_short_format"]
 
@@ -36,7 +41,8 @@ def use_short_format() -> None:
 
     Replaces ``warnings.formatwarning`` (not ``showwarning``, which pytest, IPython and
     ``logging.captureWarnings`` replace) by a function that handles `SSSWarning` and hands every
-    other category to the previous one. ``SSSTrainer`` calls it; calling it again changes nothing.
+    other category to the previous one; a URL's password is printed as ``***`` in either.
+    ``SSSTrainer`` calls it; calling it again changes nothing.
 
     Example:
         >>> use_short_format()
@@ -44,6 +50,8 @@ def use_short_format() -> None:
         'sss: warning: audio starves\\n'
         >>> warnings.formatwarning("other", UserWarning, "x.py", 3, "").startswith("x.py:3: UserWarning: other")
         True
+        >>> warnings.formatwarning("no reply from http://me:pw@host", SSSWarning, "x.py", 3, "")
+        'sss: warning: no reply from http://me:***@host\\n'
     """
     previous = warnings.formatwarning
     if getattr(previous, "sss_short", False):
@@ -53,8 +61,9 @@ def use_short_format() -> None:
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
         if isinstance(category, type) and issubclass(category, SSSWarning):
-            return f"sss: warning: {' '.join(str(message).split())}\n"  # one line, whatever the message holds
-        return previous(message, category, filename, lineno, line)
+            return redact_urls(f"sss: warning: {' '.join(str(message).split())}\n")  # one line, whatever it holds
+        # A library's warning may quote a URL with its credentials too (a tracking server's, a proxy's).
+        return redact_urls(previous(message, category, filename, lineno, line))
 
     short.sss_short = True  # type: ignore[attr-defined]  # what a wrapper around it copies (the rank tag)
     warnings.formatwarning = short

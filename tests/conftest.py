@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 
 # Pin MKL's floating-point path before torch loads it (a fresh process may take another one), as `sss` does.
+# In-process tests can therefore never see the CLI set it: test_subprocess_env.py checks that in a child without it.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest
 import torch
+
+from sss.testing import subprocess_env
+
+# Every child process a test starts imports this process's sss (the checkout under test), not an installed
+# copy: children that inherit os.environ get it here; those given their own PYTHONPATH use subprocess_env().
+os.environ["PYTHONPATH"] = subprocess_env()["PYTHONPATH"]
 
 # tests/scripts/ holds programs the tests launch in subprocesses (some run at import): not test modules.
 collect_ignore = ["scripts"]

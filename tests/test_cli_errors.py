@@ -245,7 +245,7 @@ def test_a_full_disk_names_the_folder_and_its_free_space(tmp_path, capsys):
     assert main(["fit", str(path), f"trainer.output_dir={out}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: disk full at {out}, ") and " MB free; " in err[0], err
-    assert "the previous checkpoint is intact" in err[0]
+    assert "no checkpoint was saved yet" in err[0] and "intact" not in err[0]  # the run failed before its first
 
 
 def test_a_checkpoint_write_that_torch_reports_as_unexpected_pos_is_a_full_disk(tmp_path, monkeypatch, capsys):
@@ -267,7 +267,7 @@ def test_a_checkpoint_write_that_torch_reports_as_unexpected_pos_is_a_full_disk(
     monkeypatch.setattr(sss.cli, "LOW_DISK", 1 << 62)  # the same failure on a disk with less room than that
     assert main(["fit", str(path), f"trainer.output_dir={tmp_path / 'run2'}"]) == 1
     line = capsys.readouterr().err.strip()
-    assert line.startswith(f"error: disk full at {tmp_path / 'run2'}, ") and "previous checkpoint is intact" in line
+    assert line.startswith(f"error: disk full at {tmp_path / 'run2'}, ") and "no checkpoint was saved yet" in line
 
 
 def test_a_folder_that_cannot_be_written_is_named_with_the_fix(capsys):
@@ -391,3 +391,48 @@ def test_a_bad_value_in_the_accelerate_config_file_is_a_config_error(tmp_path, c
     assert main(["fit", INDUSTRIAL, "--config-file", str(acc)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {acc}: invalid literal for int()") and err.count("\n") == 1 and no_data == []
+
+
+def test_a_full_disk_after_a_checkpoint_names_the_checkpoint_that_is_intact(tmp_path, monkeypatch, capsys):
+    import torch
+
+    import sss.cli
+
+    path = tmp_path / "boring.yaml"
+    path.write_text(yaml.safe_dump(BORING))
+    out = tmp_path / "run"
+    assert main(["fit", str(path), f"trainer.output_dir={out}"]) == 0  # saves step_0000003
+    capsys.readouterr()
+
+    def full(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4352 vs 4240")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(sss.cli, "LOW_DISK", 1 << 62)
+    assert main(["fit", str(path), f"trainer.output_dir={out}", "trainer.max_steps=6", "--resume"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: disk full at {out}, ") and "Traceback" not in line, line
+    assert f"the checkpoint {out / 'checkpoints' / 'step_0000003'} is intact" in line and "--resume" in line
+
+
+@pytest.mark.parametrize("output_dir", ["/dev/null", "/dev/null/run"])
+def test_an_output_dir_that_is_a_file_is_named_with_its_key(output_dir, tmp_path, capsys):
+    if not Path("/dev/null").exists():
+        pytest.skip("needs /dev/null")
+    path = tmp_path / "boring.yaml"
+    path.write_text(yaml.safe_dump(BORING))
+    assert main(["fit", str(path), f"trainer.output_dir={output_dir}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: trainer.output_dir={output_dir}: /dev/null exists and is not a folder; choose a folder path"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--n", "0"], "--n 0: must be at least 1"), (["--n", "8", "--n-test", "-1"], "--n-test -1: must be 0 or more")],
+)
+def test_data_make_refuses_a_count_naming_its_flag(flags, named, tmp_path, capsys):
+    assert main(["data", "make", "industrial", str(tmp_path / "d"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: sss data make {named}" and not (tmp_path / "d").exists()

@@ -14,7 +14,15 @@ import yaml
 import sss
 from sss.cli import main
 from sss.config import SSSConfig, load_config
-from sss.model_folder import UntrustedCodeError, check_model_folder, export_model, untrusted_targets
+from sss.model_folder import (
+    DamagedModelFolderError,
+    UntrustedCodeError,
+    check_model_folder,
+    export_model,
+    read_preprocessing,
+    require_complete,
+    untrusted_targets,
+)
 from sss.models import create_model
 from sss.testing import BoringModule, boring_loader
 
@@ -212,3 +220,62 @@ def test_sss_check_lists_what_a_training_config_calls(tmp_path, capsys):
     ):
         assert f"  {line}\n" in out, out
     assert "imports and calls each _target_" in out
+
+
+@pytest.mark.parametrize("name", ["preprocessing.json", "README.md", "model.safetensors", "config.yaml"])
+def test_a_folder_missing_a_file_it_needs_is_damaged_for_sss_check(tmp_path, capsys, name):
+    cfg = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule"})
+    folder = export_model(BoringModule(), cfg, {}, tmp_path / "boring")
+    assert main(["check", str(folder)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (folder / name).unlink()
+    assert main(["check", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{folder} is a damaged model folder: {name} is missing (" in err[0]
+    with pytest.raises(DamagedModelFolderError, match=rf"{name} is missing") as info:
+        require_complete(folder)
+    assert info.value.exit_code == 1 and isinstance(info.value, FileNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{not json", "not readable JSON"),
+        ('["a", "b"]', "expected a JSON object, got list"),
+        ('{"classes": "a,b"}', "classes: expected a list of class names or null"),
+        ('{"classes": null, "image_size": -3}', "image_size: expected a positive number or null, got -3"),
+    ],
+)
+def test_a_preprocessing_file_that_does_not_read_is_damaged(tmp_path, capsys, text, problem):
+    cfg = SSSConfig(name="boring", model={"_target_": "sss.testing.BoringModule"})
+    folder = export_model(BoringModule(), cfg, {}, tmp_path / "boring")
+    (folder / "preprocessing.json").write_text(text)
+    assert main(["check", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'preprocessing.json'}: {problem}" in err and "the model folder is damaged" in err
+    with pytest.raises(DamagedModelFolderError, match=problem):
+        read_preprocessing(folder)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+def test_sss_predict_refuses_a_folder_without_its_preprocessing_and_writes_nothing(tmp_path, capsys, runtime):
+    # Without preprocessing.json predict would decode the input with default settings: wrong, silently.
+    root = sss.data.make_industrial(tmp_path / "industrial", n_train=4, n_val=4, n_test=0)
+    folder = _hunter_folder(tmp_path)
+    (folder / "preprocessing.json").unlink()
+    output = tmp_path / "preds.csv"
+    argv = ["predict", str(folder), "--input", str(root / "val.csv"), "--output", str(output), "--runtime", runtime]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{folder} is a damaged model folder: preprocessing.json is missing (" in err[0]
+    assert not output.exists() and not output.with_name("preds.csv.partial").exists()
+
+
+def test_sss_check_on_a_folder_refuses_the_model_values_fit_would(tmp_path, capsys):
+    folder = _hunter_folder(tmp_path)
+    assert main(["check", str(folder)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    _edit_model(folder, dim=30, heads=4)
+    assert main(["check", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(folder / "config.yaml") in err[0] and "heads" in err[0], err

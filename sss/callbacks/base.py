@@ -51,6 +51,8 @@ class Event(str, Enum):
                 if validation is due:          (and not already run at this step by val_every_n_steps)
                     # VALIDATION_START
                     gather_for_metrics(module.validation_step(...))   (a padded last batch per sample)
+                        after each batch: a stop agreed after a signal leaves the pass (no metrics, no
+                        VALIDATION_END); the checkpoint callback saves at BATCH_END / EPOCH_END / FIT_END
                     module.compute_metrics(outputs, classes=datamodule.classes) -> state.metrics
                     # VALIDATION_END
                 # EPOCH_END

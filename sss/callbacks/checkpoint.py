@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sss.callbacks.base import Callback
 from sss.checkpoint import (
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["REQUEUE_EXIT_CODE", "ModelCheckpoint", "Preempted"]
 
 # SIGUSR1 is what SLURM sends before a job's time limit (``#SBATCH --signal=USR1@120``): save, then ask for a requeue.
-_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+# SIGHUP is a closed terminal or a dropped ssh session: a stop like SIGTERM, not a kill without a save.
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
 
 REQUEUE_EXIT_CODE = 128 + signal.SIGUSR1 if hasattr(signal, "SIGUSR1") else 138
 """``sss fit``'s exit code after SIGUSR1 (138 on Linux: 128 + the signal, as for SIGTERM's 143): the checkpoint is
@@ -36,7 +39,7 @@ continues from it."""
 
 
 class Preempted(Exception):
-    """Training stopped on SIGTERM/SIGINT/SIGUSR1 after saving a checkpoint; the message says how to resume.
+    """Training stopped on SIGTERM/SIGINT/SIGHUP/SIGUSR1 after saving a checkpoint; the message says how to resume.
 
     ``sss fit`` exits with 128 + `signum`; for SIGUSR1 that is `REQUEUE_EXIT_CODE` (`requeue` is true).
 
@@ -70,10 +73,13 @@ class ModelCheckpoint(Callback):
     passes them. For the whole fit the main process holds the checkpoints folder's lock
     (``.sss.lock``, `sss.checkpoint.lock_folder`): a second fit on the same folder is refused.
 
-    With `on_signal`, SIGTERM or SIGINT (preemption, Ctrl-C) lets the current optimizer step
-    finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once); SIGUSR1 (a cluster's
-    warning before the time limit) does the same and asks for a requeue (`REQUEUE_EXIT_CODE`). With
-    several processes the stop is agreed through ``accelerator.check_trigger`` so all save the same step.
+    With `on_signal`, SIGTERM, SIGINT or SIGHUP (preemption, Ctrl-C, a closed terminal) lets the
+    current optimizer step finish, saves, and stops with `Preempted` (a second Ctrl-C stops at once);
+    SIGUSR1 (a cluster's warning before the time limit) does the same and asks for a requeue
+    (`REQUEUE_EXIT_CODE`). A signal during a validation or the final evaluation ends the pass after
+    its current batch (nothing of the pass is kept), then saves and stops the same way. With several
+    processes the stop is agreed through ``accelerator.check_trigger`` (`SSSTrainer.stop`) so all save
+    the same step.
 
     Example:
         >>> ModelCheckpoint(every_n_steps=100, keep_last=2, keep_best=1, monitor="val/accuracy", mode="max").keep_best
@@ -130,6 +136,7 @@ class ModelCheckpoint(Callback):
         self._saved_step = trainer.state.global_step if trainer.state.last_checkpoint else -1
         self._signal, self._fitting = None, True
         if self.on_signal:
+            trainer.stop.watch()
             self._install_handlers(trainer)
 
     def on_batch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
@@ -137,17 +144,7 @@ class ModelCheckpoint(Callback):
         if state.micro_step:  # inside an accumulation window: the gradients so far are not in a checkpoint
             return
         if self.on_signal and self._stop_requested(trainer):
-            self._save(trainer, replace=True)
-            signum = int(self._signal or signal.SIGTERM)
-            name = signal.Signals(signum).name
-            stopped = f"stopped by {name} after step {state.global_step}; checkpoint saved to {state.last_checkpoint}."
-            if 128 + signum == REQUEUE_EXIT_CODE:
-                raise Preempted(
-                    f"{stopped} Exit code {REQUEUE_EXIT_CODE} asks the job script to requeue the job; the requeued "
-                    "sss fit CONFIG --resume auto (the same config and overrides) continues from it",
-                    signum,
-                )
-            raise Preempted(f"{stopped} Resume with: sss fit CONFIG --resume (the same config and overrides)", signum)
+            self.save_and_stop(trainer)
         at_step = not state.step_was_skipped  # an optimizer step was just applied
         if self.every_n_steps and at_step and state.global_step % self.every_n_steps == 0:
             self._save(trainer)
@@ -166,18 +163,50 @@ class ModelCheckpoint(Callback):
             )
 
     def on_epoch_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        if self.on_signal and self._stop_requested(trainer):  # also a validation the signal cut short
+            self.save_and_stop(trainer)
         if self.every_epoch:
             self._save(trainer, replace=True)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
+        # A signal during what ran at FIT_END before this callback (a Hub push, plots) still stops with a save.
+        stopping = self.on_signal and self._stop_requested(trainer)
         self._fitting = False
+        trainer.stop.unwatch()
         self._restore_handlers()
+        if stopping:
+            self.save_and_stop(trainer, replace=False)  # the lock goes at EXCEPTION
         self._release()
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._fitting = False
+        trainer.stop.unwatch()
         self._restore_handlers()
         self._release()
+
+    def save_and_stop(self, trainer: SSSTrainer, replace: bool = True) -> NoReturn:
+        """Save the checkpoint a signal was promised and raise `Preempted` (the message says how to resume).
+
+        Called at a safe point once the processes agreed to stop (`SSSTrainer.stop`): after an optimizer
+        step or at an epoch's end (`replace`: this step's checkpoint is written again, with the data
+        position reached), or at the end of the fit, after an evaluation batch of the final evaluation
+        (``sss fit``; not `replace`: a checkpoint of the last step is kept as it is).
+        """
+        state = trainer.state
+        self._save(trainer, replace=replace)
+        signum = int(self._signal or trainer.stop.signum or signal.SIGTERM)
+        during = f", during {trainer.stop.during}" if trainer.stop.during else ""
+        stopped = (
+            f"stopped by {signal.Signals(signum).name} after step {state.global_step}{during}; "
+            f"checkpoint saved to {state.last_checkpoint}."
+        )
+        if 128 + signum == REQUEUE_EXIT_CODE:
+            raise Preempted(
+                f"{stopped} Exit code {REQUEUE_EXIT_CODE} asks the job script to requeue the job; the requeued "
+                "sss fit CONFIG --resume auto (the same config and overrides) continues from it",
+                signum,
+            )
+        raise Preempted(f"{stopped} Resume with: sss fit CONFIG --resume (the same config and overrides)", signum)
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -231,8 +260,9 @@ class ModelCheckpoint(Callback):
             if self._signal is not None:
                 return  # already stopping; a cluster may deliver one signal twice (to every process, and forwarded)
             self._signal = signum
-            trainer.accelerator.set_trigger()
-            print(f"sss: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+            trainer.stop.ask(signum, trainer.accelerator)
+            what = "this step" if trainer.state.stage == "fit" else "this evaluation batch"
+            _say(f"sss: {signal.Signals(signum).name}: finishing {what}, then saving a checkpoint")
 
         for name in _SIGNALS:
             signum = getattr(signal, name, None)
@@ -245,20 +275,45 @@ class ModelCheckpoint(Callback):
         self._previous_handlers.clear()
 
     def _stop_requested(self, trainer: SSSTrainer) -> bool:
-        if trainer.accelerator.num_processes == 1:
-            return self._signal is not None
-        # Processes may get the signal at different steps; all must save the same one, so they
-        # agree every step (a one-element all-reduce).
-        if trainer.accelerator.check_trigger():
-            self._signal = self._signal or signal.SIGTERM
-            return True
-        return False
+        # Processes may get the signal at different steps; all must save the same one, so with several
+        # they agree every step (a one-element all-reduce, in trainer.stop).
+        if not self._fitting or not trainer.stop.agreed(trainer.accelerator):
+            return False
+        self._signal = self._signal or trainer.stop.signum
+        return True
+
+
+def _say(line: str) -> None:
+    # From the signal handler. After SIGHUP the terminal may be gone (a closed window, a dropped ssh
+    # session): writing to it fails with EIO (a pipe to a tee that died: EPIPE). Then what the run still
+    # prints there goes to /dev/null, so that the save is not lost to a failed print; a stream that is
+    # another file (stderr to a log) keeps it.
+    try:
+        print(line, flush=True)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream without a file: nothing to do
+            _to_devnull(os.fstat(sys.stdout.fileno()))
+
+
+def _to_devnull(gone: os.stat_result) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                now = os.fstat(stream.fileno())
+                if (now.st_dev, now.st_ino, now.st_rdev) == (gone.st_dev, gone.st_ino, gone.st_rdev):
+                    os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _score(checkpoint: Path, monitor: str) -> float | None:
-    meta = json.loads((checkpoint / MARKER).read_text())
-    mine = next((c["state"] for c in meta.get("callbacks", []) if c["class"] == "ModelCheckpoint"), {})
-    if mine.get("validated_step") != meta.get("global_step"):
-        return None  # saved away from a validation: its score is stale
-    value = meta.get("metrics", {}).get(monitor)
-    return float(value) if value is not None else None
+    try:
+        meta = json.loads((checkpoint / MARKER).read_text())
+        mine = next((c["state"] for c in meta.get("callbacks", []) if c["class"] == "ModelCheckpoint"), {})
+        if mine.get("validated_step") != meta.get("global_step"):
+            return None  # saved away from a validation: its score is stale
+        value = meta.get("metrics", {}).get(monitor)
+        return float(value) if value is not None else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # a damaged marker ranks nothing (a resume skips it with the reason)

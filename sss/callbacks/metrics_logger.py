@@ -9,11 +9,13 @@ their events, so that the steps of ``metrics.csv`` and of the TensorBoard curves
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import math
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -23,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.tracking import GeneralTracker
 
+from sss._preflight import check_trackers
+from sss._writing import writing_to
 from sss.callbacks.base import Callback
 from sss.warnings import SSSWarning
 
@@ -358,12 +362,16 @@ class MetricsLogger(Callback):
         config = {k: str(v) for k, v in _flatten(run).items()}
         # purge_step: TensorBoard readers drop the earlier event files' points from that step on
         init_kwargs = {"tensorboard": {"purge_step": start + 1 if start else 0}, **self._run_kwargs(trainer)}
-        accelerator.init_trackers(trainer.output_dir.name or "sss", init_kwargs=init_kwargs)
-        for tracker in accelerator.trackers:
-            _store_config(tracker, config, start)
+        check_trackers(accelerator.log_with, accelerator.is_main_process)  # seconds, not MLflow's minutes of retries
+        _quiet_writer_threads()
+        with writing_to(trainer.output_dir / "logs"):
+            accelerator.init_trackers(trainer.output_dir.name or "sss", init_kwargs=init_kwargs)
+            for tracker in accelerator.trackers:
+                _store_config(tracker, config, start)
         self.run_ids.update(_run_ids(accelerator.trackers))
         for tracker in accelerator.trackers:
-            moved = tracker.continue_from(start or None) if isinstance(tracker, CSVTracker) else None
+            with writing_to(trainer.output_dir / "logs"):
+                moved = tracker.continue_from(start or None) if isinstance(tracker, CSVTracker) else None
             if moved is not None:
                 why = f"logged after step {start}, which this run logs again," if start else "of an earlier fit"
                 print(f"sss: {moved[1]} row(s) of {tracker.path} {why} moved to {moved[0].name}", flush=True)
@@ -374,11 +382,13 @@ class MetricsLogger(Callback):
             return
         values = step_figures(state)  # one device sync for all of them (none when the bar or plots read them first)
         state.logs.clear()
-        trainer.accelerator.log(values, step=state.global_step)
+        with writing_to(trainer.output_dir / "logs"):  # a full disk names the logs folder
+            trainer.accelerator.log(values, step=state.global_step)
 
     def on_validation_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if trainer.state.eval_metrics:
-            trainer.accelerator.log(dict(trainer.state.eval_metrics), step=trainer.state.global_step)
+            with writing_to(trainer.output_dir / "logs"):
+                trainer.accelerator.log(dict(trainer.state.eval_metrics), step=trainer.state.global_step)
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         if "mlflow" in self.trackers and trainer.accelerator.log_with:
@@ -386,7 +396,10 @@ class MetricsLogger(Callback):
         self._finish(trainer)
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
-        self._finish(trainer)
+        # The run failed already: a tracker that cannot flush either (the same full disk) must not replace
+        # that error with its own.
+        with contextlib.suppress(Exception):
+            self._finish(trainer)
 
     def _run_kwargs(self, trainer: SSSTrainer) -> dict[str, dict[str, Any]]:
         # Accelerate's init_kwargs of MLflow and W&B: the run's name, and the run to continue on a resume.
@@ -404,9 +417,30 @@ class MetricsLogger(Callback):
     def _finish(self, trainer: SSSTrainer) -> None:
         # Not accelerator.end_training(): it also destroys the process group, and evaluation or
         # export may still follow the fit.
-        for tracker in trainer.accelerator.trackers:
-            tracker.finish()
-        trainer.accelerator.trackers.clear()
+        try:
+            with writing_to(trainer.output_dir / "logs"):  # TensorBoard's last flush may find the disk full
+                for tracker in trainer.accelerator.trackers:
+                    tracker.finish()
+        finally:
+            trainer.accelerator.trackers.clear()
+
+
+def _quiet_writer_threads() -> None:
+    # TensorBoard writes its event files from a thread. A failed write (a full disk) ends that thread with a
+    # raw "Exception in thread ... Traceback" on stderr, and TensorBoard raises the same exception again in
+    # the thread that logs or flushes next (its _AsyncWriter checks the worker), where sss reports it as one
+    # line naming the logs folder. So the writer thread's own print is dropped; every other thread's stays.
+    previous = threading.excepthook
+    if getattr(previous, "sss_quiet_writers", False):
+        return
+
+    def hook(args: Any) -> None:
+        thread = type(args.thread)
+        if not (thread.__name__ == "_AsyncWriterThread" and thread.__module__.startswith("tensorboard")):
+            previous(args)
+
+    hook.sss_quiet_writers = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def missing_trackers(requested: Sequence[str], kept: Sequence[Any]) -> list[str]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sss._writing import writing_to
 from sss.callbacks.base import Callback
 from sss.callbacks.metrics_logger import read_metrics, step_figures
 
@@ -279,13 +280,18 @@ class Plots(Callback):
             >>> [p.name for p in plots.write(Path(tempfile.mkdtemp()))]
             ['metrics.png']
         """
-        folder.mkdir(parents=True, exist_ok=True)
         self.figures = self.build(classes, num_classes)
         files = []
-        for stem, fig in self.figures.items():
-            path = folder / f"{stem}.png"
-            fig.savefig(path, dpi=self.dpi)
-            files.append(path)
+        with writing_to(folder):  # a full disk names the plots folder
+            folder.mkdir(parents=True, exist_ok=True)
+            for stem, fig in self.figures.items():
+                path = folder / f"{stem}.png"
+                try:
+                    fig.savefig(path, dpi=self.dpi)
+                except BaseException:
+                    path.unlink(missing_ok=True)  # no truncated PNG
+                    raise
+                files.append(path)
         return files
 
 

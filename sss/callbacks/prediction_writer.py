@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from sss._writing import writing_to
 from sss.callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -129,7 +130,8 @@ class CSVPredictionWriter(PredictionWriter):
                     "must give the rows in dataset order (shuffle=False)"
                 )
             self._last = index
-            self._writer.writerow([index, *(value for _, values in columns for value in values[i])])
+            with writing_to(self.path.parent):  # a full disk names the output folder
+                self._writer.writerow([index, *(value for _, values in columns for value in values[i])])
 
     def write_on_predict_end(self, trainer: SSSTrainer, module: LitModule) -> None:
         """Close the part files; the main process merges them into `path` and removes them."""
@@ -155,10 +157,11 @@ class CSVPredictionWriter(PredictionWriter):
             )
         accelerator.wait_for_everyone()
         part = self.part(accelerator.process_index)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        self._file = part.open("x", newline="")
-        self._writer = csv.writer(self._file)
-        self._writer.writerow(header)
+        with writing_to(self.path.parent):
+            part.parent.mkdir(parents=True, exist_ok=True)
+            self._file = part.open("x", newline="")
+            self._writer = csv.writer(self._file)
+            self._writer.writerow(header)
 
     def _indices(self, trainer: SSSTrainer, batch: Any, batch_idx: int, rows: int) -> list[int]:
         if isinstance(batch, Mapping) and self.index_key in batch:
@@ -181,7 +184,7 @@ class CSVPredictionWriter(PredictionWriter):
             readers = [csv.reader(f) for f in files]
             header = max((next(r, []) for r in readers), key=len)  # a process without rows wrote "index" only
             try:
-                with self.path.open("x", newline="") as out:  # "x": never overwrite
+                with writing_to(self.path.parent), self.path.open("x", newline="") as out:  # "x": never overwrite
                     writer = csv.writer(out)
                     writer.writerow(header)
                     for row in _unique(heapq.merge(*readers, key=lambda row: int(row[0]))):

@@ -25,9 +25,13 @@ class Bound:
     Example:
         >>> Ge(1).problem(0), Ge(1).problem(3)
         ('must be >= 1', None)
+        >>> Le(10, "ten at most").problem(11)
+        'must be <= 10 (ten at most)'
     """
 
     bound: float
+    note: str = ""
+    """Why the bound is there, shown after it: ``must be <= 4096 (a side of 4096 pixels is ...)``."""
     symbol = "?"
 
     def passes(self, value: Any) -> bool:
@@ -36,7 +40,9 @@ class Bound:
 
     def problem(self, value: Any) -> str | None:
         """``"must be >= 1"`` when `value` fails, else None."""
-        return None if self.passes(value) else f"must be {self.symbol} {self.bound!r}"
+        if self.passes(value):
+            return None
+        return f"must be {self.symbol} {self.bound!r}" + (f" ({self.note})" if self.note else "")
 
 
 class Ge(Bound):

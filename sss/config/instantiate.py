@@ -8,7 +8,7 @@ import inspect
 import typing
 from typing import TYPE_CHECKING, Annotated, Any
 
-from sss.config.constraints import Bound, Ge, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
+from sss.config.constraints import Bound, Ge, Le, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 from sss.config.errors import both_warmups, workers_only
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ __all__ = [
     "config_targets",
     "find_targets",
     "instantiate",
+    "model_problems",
     "param_group_problems",
     "resolve_target",
 ]
@@ -211,6 +212,11 @@ def _check_signature(target: Any, path: str, args: dict[str, Any], key: str) -> 
     return errors
 
 
+MAX_IMAGE_SIZE = 4096
+"""The largest ``data.image_size`` (pixels per side) `check_config` accepts."""
+MAX_CLIP_SECONDS = 3600
+"""The largest ``data.clip_seconds`` `check_config` accepts."""
+
 # Arguments whose signature types cannot judge a YAML value (torch.optim takes ``lr: float | Tensor``)
 # but whose valid range every target of that section shares, by YAML section and argument name.
 # They apply only where the target takes the argument.
@@ -239,8 +245,13 @@ KNOWN_ARGS: dict[str, dict[str, Any]] = {
         "pin_memory": bool | typing.Literal["auto"],
         "persistent_workers": bool | None,
         "prefetch_factor": PositiveInt | None,
+        # Sizes of one sample: a larger one is no dataset but a typo, which would otherwise end in a MemoryError
+        # blamed on the first file read (its rows are fine).
+        "image_size": Annotated[int, Le(MAX_IMAGE_SIZE, "pixels per side; 4096 is 200 MB per float32 image")],
+        "clip_seconds": Annotated[float, Le(MAX_CLIP_SECONDS, "seconds of audio per sample; 3600 is an hour")],
     },
 }
+"""Ranges by YAML section and argument name, checked after the target's own annotation (which decides null)."""
 
 _SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
 
@@ -258,12 +269,15 @@ def _check_types(target: Any, args: dict[str, Any], key: str) -> list[str]:
         hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
     except Exception:
         hints = {}  # annotations that cannot be evaluated here are checked when the part is built
-    hints.update(KNOWN_ARGS.get(key, {}))
+    known = KNOWN_ARGS.get(key, {})
     errors = []
     for name, value in args.items():
-        if name not in hints or (isinstance(value, dict) and "_target_" in value):
+        if (name not in hints and name not in known) or (isinstance(value, dict) and "_target_" in value):
             continue  # a nested spec becomes an object when built; check_target checks it on its own
-        verdict = _judge(value, hints[name])
+        verdict = _judge(value, hints[name]) if name in hints else _UNKNOWN
+        # The known range applies to what the target's own annotation lets through; a null it took is its call.
+        if name in known and verdict.kind in ("ok", "unknown") and not (value is None and verdict.kind == "ok"):
+            verdict = _judge(value, known[name])
         if verdict.kind == "type":
             got = "null" if value is None else f"{type(value).__name__} {value!r}{_hint(value)}"
             errors.append(f"{key}.{name}: expected {verdict.text}, got {got}")
@@ -347,6 +361,7 @@ def check_config(config: SSSConfig) -> list[str]:
     errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
     if config.model:
         errors += check_target(config.model, "model")
+        errors += [] if errors else model_problems(config.model)
     errors += (
         check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
     )
@@ -358,8 +373,62 @@ def check_config(config: SSSConfig) -> list[str]:
     errors += _check_trackers(config.trainer.log.trackers)
     errors += _conflicts(config)
     if not errors:  # it imports the optimizer, which the checks above have just accepted
-        errors += param_group_problems(config.trainer.optim)
+        errors += _rate_problems(config) + param_group_problems(config.trainer.optim)
     return errors
+
+
+def model_problems(spec: dict[str, Any]) -> list[str]:
+    """What the model's class refuses in the settings of `spec` (a checked ``model:`` section), building nothing.
+
+    A class states its settings' rules with two methods, ``resolve_settings(overrides, variant)`` (the
+    arguments it would get; None when it cannot tell) and ``setting_problems(settings)`` (``(argument, why)``), as
+    `sss.models.HunterModule` does: fusion and encoder names, widths, the sample rate. Other models
+    are checked by their signatures alone.
+
+    Example:
+        >>> model_problems({"_target_": "sss.models.create_model", "name": "hunter_tiny", "dim": 30, "heads": 4})
+        ['model.dim: dim=30 must be divisible by heads=4 (model.dim / model.heads)']
+    """
+    found = _model_settings(spec)
+    if found is None:
+        return []
+    cls, settings = found
+    return [f"model.{name}: {why}" for name, why in cls.setting_problems(settings)]
+
+
+def _model_settings(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    # The class `spec` builds and the arguments it would get, for a class that resolves its settings; else None.
+    from sss.models.registry import create_model, model_class
+
+    target, args, variant = resolve_target(spec["_target_"]), dict(spec), None
+    del args["_target_"]
+    if target is create_model:
+        variant = args.pop("name")
+        target = model_class(variant)
+        args = {k: v for k, v in args.items() if v is not None}  # create_model drops them: the variant's defaults win
+    if not all(callable(getattr(target, method, None)) for method in ("resolve_settings", "setting_problems")):
+        return None
+    settings = target.resolve_settings(args, variant)
+    return None if settings is None else (target, settings)
+
+
+def _rate_problems(config: SSSConfig) -> list[str]:
+    # The data's sample rate must be the one the model's audio front-end was built for: a data.sample_rate=1
+    # would otherwise fail inside the model after the data was read (and 22050 Hz audio under a 16 kHz
+    # front-end trains on mislabelled frequencies without a word).
+    found = _model_settings(config.model) if config.model and config.data else None
+    data = _parameters(config.data) if found is not None else {}
+    if found is None or "sample_rate" not in found[1] or "sample_rate" not in data:
+        return []
+    model_rate = found[1]["sample_rate"]
+    rate = config.data.get("sample_rate", data["sample_rate"].default)
+    if rate is inspect.Parameter.empty or "audio" not in found[1].get("modalities", ("audio",)) or rate == model_rate:
+        return []
+    return [
+        f"data.sample_rate={rate} differs from model.sample_rate={model_rate}, the rate the model's audio front-end "
+        f"is built for: set data.sample_rate={model_rate}, or both to your audio's rate "
+        "(model.sample_rate=R data.sample_rate=R)"
+    ]
 
 
 def _conflicts(config: SSSConfig) -> list[str]:

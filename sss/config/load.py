@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import inspect
 import itertools
 import re
@@ -13,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sss.config._untrusted import refuse_interpolations, without_outside_files
+from sss.config._yaml import check_size, read_yaml
 from sss.config.errors import ConfigError
 from sss.config.schema import SSSConfig
 
@@ -25,6 +26,7 @@ def load_config(
     sources: dict[str, str] | None = None,
     *,
     stored: Mapping[str, Any] | None = None,
+    untrusted: bool = False,
 ) -> SSSConfig:
     """Merge defaults <- YAML file <- ``key=value`` overrides into a checked `SSSConfig`.
 
@@ -40,6 +42,12 @@ def load_config(
     `stored` is a config already read as a mapping, e.g. the ``config`` that a checkpoint's
     ``trainer_state.json`` holds; it takes the YAML file's place, and `path` then only names it
     in messages.
+
+    ``untrusted=True`` is for a config that is data, not yours (a model folder's ``config.yaml``, a
+    checkpoint's stored config): a ``${...}`` interpolation anywhere in it is refused naming the key
+    (never resolved), its ``model:`` spec loses its pretrained-weight settings (the weights come from
+    the folder's ``model.safetensors``) and may name no file, directory or URL
+    (`sss.config._untrusted`). Any file is read within `sss.config._yaml`'s limits.
 
     Example:
         >>> sources = {}
@@ -63,12 +71,15 @@ def load_config(
 
     where = str(path) if path is not None else "defaults"
     if stored is not None:
+        check_size(stored, where)
+        if untrusted:
+            refuse_interpolations(stored, where)
         try:
             layers = [("", OmegaConf.create(dict(stored)))]
         except OmegaConfBaseException as exc:
             raise ConfigError(f"{where}: the stored config does not read: {str(exc).splitlines()[0]}") from None
     else:
-        layers = [("", _read_yaml(Path(path)))] if path is not None else []  # its errors name the file already
+        layers = [("", _read_yaml(Path(path), untrusted))] if path is not None else []  # its errors name the file
     for item in _checked_overrides(overrides, where):
         try:
             layers.append((f"override {item!r}: ", OmegaConf.from_dotlist([_yaml12_value(item)])))
@@ -89,6 +100,8 @@ def load_config(
         raise ConfigError(f"{where}: {exc.full_key or '?'}: {str(exc).splitlines()[0]}") from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    if untrusted:
+        config.model = without_outside_files(config.model, where)
     if not config.name:
         config.name = Path(path).stem if path is not None else "run"
     config.output_dir_given = config.trainer.output_dir is not None
@@ -236,19 +249,6 @@ def _record(sources: dict[str, str] | None, data: Any, origin: str, prefix: str 
         _record(sources, value, origin, f"{prefix}{key}.")
 
 
-# YAML 1.2 floats: PyYAML (YAML 1.1) reads ``1e-3`` without a dot as the string "1e-3" (OmegaConf's own
-# loader makes the same fix), which would reach an optimizer as text.
-_FLOAT = re.compile(
-    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.VERBOSE,
-)
-
-
-_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _YAML11_WORDS = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
 
 
@@ -259,68 +259,46 @@ def _yaml12_value(item: str) -> str:
     return f"{key}='{value}'" if _YAML11_WORDS.match(value) else item
 
 
-@functools.cache
-def _loader() -> type:
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one silently."""
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
-                except TypeError:
-                    continue  # an unhashable key: SafeLoader reports it itself
-                if first != key_node.start_mark.line + 1:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {key!r} (first on line {first}); a later value would silently win: keep one",
-                        key_node.start_mark,
-                    )
-            return super().construct_mapping(node, deep=deep)
-
-    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
-    # YAML 1.2 booleans: only true/false. PyYAML's YAML 1.1 also reads yes/no/on/off as booleans,
-    # which turns `mixed_precision: no` into False; a boolean field still accepts those words.
-    UniqueKeyLoader.yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-        for first, resolvers in UniqueKeyLoader.yaml_implicit_resolvers.items()
-    }
-    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
-    return UniqueKeyLoader
+def _unknown_section(key: str) -> str:
+    # OmegaConf's own wording for an unknown key, with the closest known names (read_yaml calls this
+    # as soon as it reads the key, before the value under it is expanded).
+    known = [*_TOP_LEVEL, *(k for k, _, _ in field_docs(SSSConfig))]
+    close = closest_keys(key, known)
+    hint = f" Did you mean {' or '.join(close)}?" if close else f" The sections are {', '.join(sorted(_TOP_LEVEL))}."
+    return f"{key}: Key {key!r} not in 'SSSConfig'.{hint}"
 
 
-def _read_yaml(path: Path) -> Any:
-    import yaml
+def _read_yaml(path: Path, untrusted: bool = False) -> Any:
+    # Within sss.config._yaml's limits (size, nesting, aliases); an unknown top-level key is named
+    # before its value is read.
     from omegaconf import OmegaConf
 
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file" + (" (it is a folder)" if path.is_dir() else ""))
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_loader())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
-        problem = str(getattr(exc, "problem", exc))
-        kind = "" if problem.startswith("duplicate key") else " not valid YAML:"
-        raise ConfigError(f"{path}:{line}{kind} {problem}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        kind = " (it is a folder)" if path.is_dir() else " (not a regular file)" if path.exists() else ""
+        raise ConfigError(f"{path}: no such config file{kind}")
+    data = read_yaml(path, _TOP_LEVEL, _unknown_section)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (trainer:, model:, ...)")
+    if untrusted:
+        refuse_interpolations(data, str(path))
     return OmegaConf.create(data)
+
+
+_TOP_LEVEL = tuple(f.name for f in dataclasses.fields(SSSConfig))
 
 
 def _checked_overrides(overrides: list[str] | tuple[str, ...], where: str) -> list[str]:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"{where}: override {item!r}: write overrides as key=value, e.g. trainer.max_steps=100")
+        if not item.split("=", 1)[1].strip():  # `trainer.max_steps=$STEPS` with STEPS unset: not a silent null
+            key = item.split("=", 1)[0]
+            raise ConfigError(
+                f"{where}: override {item!r}: {key} has an empty value (an unset shell variable?); give one, "
+                f"or write {key}=null to unset it"
+            )
     return list(overrides)
 
 

@@ -493,7 +493,10 @@ def read_event_table(path: str | os.PathLike[str]) -> EventTable:
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle, delimiter="\t")
-            missing = [c for c in ("filename", "onset", "offset", "event_label") if c not in (reader.fieldnames or [])]
+            header = list(reader.fieldnames or [])
+            if (twice := repeated(header)) is not None:  # DictReader would keep the last of the two
+                raise DataError(f"event table {path}: column {twice!r} appears twice in the header; keep one")
+            missing = [c for c in ("filename", "onset", "offset", "event_label") if c not in header]
             if missing:
                 raise DataError(
                     f"event table {path}: missing column(s) {', '.join(missing)}; a DCASE strong-label TSV has the "
@@ -572,6 +575,16 @@ def read_text(path: str | os.PathLike[str]) -> str:
             f"{path}, line {line}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
             "save the file as UTF-8 (e.g. in a spreadsheet: 'CSV UTF-8')"
         ) from None
+
+
+def repeated(names: list[str]) -> str | None:
+    """The first column name that appears twice; blank names (never read: trailing commas) may repeat.
+
+    Example:
+        >>> repeated(["image", "audio", "", "", "image"]), repeated(["image", "label"])
+        ('image', None)
+    """
+    return next((name for i, name in enumerate(names) if name and name in names[:i]), None)
 
 
 def describe(value: Any) -> str:

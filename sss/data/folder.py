@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
 from sss.config.errors import ConfigError, workers_only
 from sss.data._decode import DataError
+from sss.data._paths import RootRule, not_regular
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
 from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
@@ -67,7 +68,8 @@ class ManifestDataModule(DataModule):
         cache_dir: Where feature caches live; None: ``$SSS_CACHE`` or ``~/.cache/sss``.
         on_error: ``"raise"`` (one error naming the row, the file and the fix) or ``"skip"``
             (the row is left out, counted in `skipped`, and written by `write_skipped`).
-        allow_outside_root: Accept manifest paths that leave ``root`` (absolute, through ``..`` or a symbolic link).
+        allow_outside_root: Accept manifest paths that leave ``root`` (absolute, through ``..`` or a symbolic link),
+            and ``classes.txt``, manifests, event tables and metadata that are symbolic links out of it.
         seed: Seed of the training shuffle.
 
     Example:
@@ -136,8 +138,8 @@ class ManifestDataModule(DataModule):
         if self.root is not None and self.root.is_dir():
             # Cheap (one manifest read, no file checks): lets the run size the model's head before setup.
             try:
-                found = read_split(layout, self.root, "train", fold)
-                self.classes = _default_classes(self.root, found) if found is not None else []
+                found = read_split(layout, self.root, "train", fold, allow_outside_root=allow_outside_root)
+                self.classes = _default_classes(self.root, found, allow_outside_root) if found is not None else []
             except DataError:
                 pass  # reported by setup, with the full context
 
@@ -149,16 +151,16 @@ class ManifestDataModule(DataModule):
             )
         if self.datasets:
             return
-        first = read_split(self.layout, self.root, "train", self.fold)
+        first = self._read("train")
         if first is None and stage == "fit":
             raise FileNotFoundError(f"manifest not found: {self.root / 'train.csv'} (needed for stage 'fit')")
         inferred = self.clip_seconds is None
         if self.clip_seconds is None:
-            self.clip_seconds = _infer_clip_seconds(self.root, first) if first is not None else 1.0
-        classes = _default_classes(self.root, first) if first is not None else (self.classes or None)
+            self.clip_seconds = _infer_clip_seconds(self.root, first, self.allow_outside_root) if first else 1.0
+        classes = _default_classes(self.root, first, self.allow_outside_root) if first else (self.classes or None)
         event_classes = None
         for split in SPLITS:
-            if read_split(self.layout, self.root, split, self.fold) is None:
+            if self._read(split) is None:
                 continue
             dataset = self._dataset(split, classes, event_classes)
             classes, event_classes = dataset.classes, dataset.event_classes
@@ -175,6 +177,10 @@ class ManifestDataModule(DataModule):
                 attach_feature_cache(dataset, self.cache_dir, self.n_mels, self.num_workers)
         if int(os.environ.get("RANK", "0")) == 0:
             print(self.describe(inferred), flush=True)
+
+    def _read(self, split: str) -> SplitRows | None:
+        assert self.root is not None
+        return read_split(self.layout, self.root, split, self.fold, allow_outside_root=self.allow_outside_root)
 
     def _dataset(self, split: str, classes: list[str] | None, event_classes: list[str] | None) -> ManifestDataset:
         assert self.root is not None and self.clip_seconds is not None
@@ -331,8 +337,11 @@ def _batch_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _infer_clip_seconds(root: Path, found: SplitRows) -> float:
+def _infer_clip_seconds(root: Path, found: SplitRows, allow_outside_root: bool = False) -> float:
     """The median duration of up to 64 evenly spaced training clips, rounded to 10 ms (1.0 without audio).
+
+    Only files the rows may use are opened (inside ``root``, regular: a FIFO would block ``sf.info``);
+    the others are reported when their row is checked.
 
     Raises:
         DataError: The median is below `MIN_INFERRED_CLIP_SECONDS`; the message says to set ``data.clip_seconds``.
@@ -340,9 +349,13 @@ def _infer_clip_seconds(root: Path, found: SplitRows) -> float:
     paths = [row.get("audio") for _, row in found.rows if row.get("audio")]
     step = max(len(paths) // 64, 1)
     durations = []
+    rule = RootRule(root, allow_outside_root)
     for value in paths[::step][:64]:
+        full = rule.resolve(str(value))
+        if isinstance(full, DataError) or not_regular(full) is not None:
+            continue
         try:
-            info = sf.info(os.path.join(root, str(value)))
+            info = sf.info(full)
             durations.append(info.frames / info.samplerate)
         except (RuntimeError, OSError, ValueError, ZeroDivisionError):
             continue  # bad files are reported when their row is checked or loaded

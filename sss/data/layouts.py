@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sss.data._decode import DataError, read_event_table, read_text
+from sss.data._decode import DataError, read_event_table, read_text, repeated
+from sss.data._paths import RootRule
 
 __all__ = ["LAYOUTS", "SplitRows", "read_split"]
 
@@ -56,20 +57,27 @@ class SplitRows:
     """Columns of the source, for messages."""
 
 
-def read_split(layout: str, root: Path, split: str, fold: int | None = None) -> SplitRows | None:
+def read_split(
+    layout: str, root: Path, split: str, fold: int | None = None, *, allow_outside_root: bool = False
+) -> SplitRows | None:
     """The rows of ``split`` in ``root`` read with ``layout``; None when the layout has no such split.
+
+    The files read here (manifest, metadata CSV, event table) obey `sss.data._paths.RootRule`:
+    regular files inside ``root`` after following symbolic links.
 
     Args:
         layout: One of `LAYOUTS`.
         root: Dataset folder.
         split: ``"train"``, ``"val"`` or ``"test"``.
         fold: ESC-50 / UrbanSound8K: the held-out fold (validation); the others train.
+        allow_outside_root: Follow symbolic links that lead out of ``root`` (``data.allow_outside_root``).
 
     Returns:
         The rows, or None.
 
     Raises:
-        DataError: The layout's files are missing or malformed (the message names the file).
+        DataError: The layout's files are missing, malformed, not regular files or linked from outside
+            ``root`` (the message names the file).
 
     Example:
         >>> import tempfile
@@ -90,19 +98,21 @@ def read_split(layout: str, root: Path, split: str, fold: int | None = None) -> 
         "istd": _istd,
         "sbu": _sbu,
     }[layout]
-    return reader(root, split, fold)
+    return reader(RootRule(root, allow_outside_root), split, fold)
 
 
 # --- our manifests --------------------------------------------------------------------------------------------
 
 
-def _manifest(root: Path, split: str, fold: int | None) -> SplitRows | None:
-    found = [root / f"{split}{suffix}" for suffix in (".csv", ".jsonl") if (root / f"{split}{suffix}").is_file()]
+def _manifest(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
+    root = rule.root
+    # exists(), not is_file(): a FIFO or a folder named train.csv is refused by the rule, not taken for "no split".
+    found = [root / f"{split}{suffix}" for suffix in (".csv", ".jsonl") if (root / f"{split}{suffix}").exists()]
     if len(found) > 1:
         raise DataError(f"{root}: both {split}.csv and {split}.jsonl exist; keep one")
     if not found:
         return None
-    path = found[0]
+    path = Path(rule.check(found[0]))
     return _read_jsonl(path) if path.suffix == ".jsonl" else _read_csv(path)
 
 
@@ -112,6 +122,8 @@ def _read_csv(path: Path, delimiter: str = ",") -> SplitRows:
     header = [name.strip() for name in next(reader, [])]
     if not header or header == [""]:
         raise DataError(f"{path}: empty manifest (no header, no rows); write a header such as image,audio,label")
+    if (twice := repeated(header)) is not None:  # the last of two equal columns would win without a word
+        raise DataError(f"{path}: column {twice!r} appears twice in the header ({','.join(header)}); keep one")
     rows = []
     line = reader.line_num
     for values in reader:
@@ -132,9 +144,12 @@ def _read_jsonl(path: Path) -> SplitRows:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             rows.append((number, {"__error__": f"is not valid JSON ({err.msg} at column {err.colno})"}))
+            continue
+        except _DuplicateKey as err:
+            rows.append((number, {"__error__": f"has the key {err.key!r} twice; keep one"}))
             continue
         if not isinstance(value, dict):
             rows.append((number, {"__error__": f"is a JSON {type(value).__name__}, not an object"}))
@@ -146,13 +161,29 @@ def _read_jsonl(path: Path) -> SplitRows:
     return SplitRows(str(path), rows, columns=columns)
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s object hook that refuses a repeated key (json keeps the last one without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 # --- audio classification layouts -----------------------------------------------------------------------------
 
 
-def _read_metadata(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    if not path.is_file():
+def _read_metadata(rule: RootRule, path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    if not path.exists():
         raise DataError(f"{path} not found: is root the dataset's top folder?")
-    table = _read_csv(path)
+    table = _read_csv(Path(rule.check(path)))
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(missing)}; is this the original metadata file?")
@@ -179,10 +210,10 @@ def _classes_by_id(rows: list[tuple[int, dict[str, str]]], id_column: str, name_
     return [by_id[k] for k in sorted(by_id)]
 
 
-def _esc50(root: Path, split: str, fold: int | None) -> SplitRows | None:
+def _esc50(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
     fold = 5 if fold is None else fold
-    path = root / "meta" / "esc50.csv"
-    rows = _read_metadata(path, ("filename", "fold", "target", "category"))
+    path = rule.root / "meta" / "esc50.csv"
+    rows = _read_metadata(rule, path, ("filename", "fold", "target", "category"))
     classes = _classes_by_id(rows, "target", "category")
     kept = [(line, {"audio": f"audio/{row['filename']}", "label": row["category"]}) for line, row in rows]
     chosen = {line for line, _ in _fold_split(rows, split, fold, path)}
@@ -190,10 +221,10 @@ def _esc50(root: Path, split: str, fold: int | None) -> SplitRows | None:
     return SplitRows(str(path), out, classes) if out else None
 
 
-def _urbansound8k(root: Path, split: str, fold: int | None) -> SplitRows | None:
+def _urbansound8k(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
     fold = 10 if fold is None else fold
-    path = root / "metadata" / "UrbanSound8K.csv"
-    rows = _read_metadata(path, ("slice_file_name", "fold", "classID", "class"))
+    path = rule.root / "metadata" / "UrbanSound8K.csv"
+    rows = _read_metadata(rule, path, ("slice_file_name", "fold", "classID", "class"))
     classes = _classes_by_id(rows, "classID", "class")
     chosen = _fold_split(rows, split, fold, path)
     out = [
@@ -203,17 +234,18 @@ def _urbansound8k(root: Path, split: str, fold: int | None) -> SplitRows | None:
     return SplitRows(str(path), out, classes) if out else None
 
 
-def _desed(root: Path, split: str, fold: int | None) -> SplitRows | None:
+def _desed(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
+    root = rule.root
     # The file list comes from the audio folder, not the table: DCASE leaves clips without events out of it.
     names = {"train": ("train",), "val": ("val", "validation"), "test": ("test", "eval")}[split]
     for name in names:
         table, audio = root / "metadata" / f"{name}.tsv", root / "audio" / name
-        if table.is_file() and audio.is_dir():
+        if table.exists() and audio.is_dir():
             break
     else:
         return None
     # Malformed lines are charged to their clip's row when the rows are checked, not to the whole split.
-    events = read_event_table(table).events
+    events = read_event_table(rule.check(table)).events
     classes = sorted({e.label for rows in events.values() for e in rows})
     files = sorted(p.name for p in audio.iterdir() if p.suffix.lower() in (".wav", ".flac", ".ogg", ".mp3"))
     rel_table = os.path.relpath(table, root)
@@ -247,12 +279,14 @@ def _pairs(root: Path, images: Path, masks: Path, mask_suffix: str | None) -> Sp
     return SplitRows(str(images), rows, []) if rows else None
 
 
-def _istd(root: Path, split: str, fold: int | None) -> SplitRows | None:
+def _istd(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
+    root = rule.root
     # ISTD has train and test only; the test set doubles as validation, as in the shadow-detection literature.
     part = "train" if split == "train" else "test"
     return _pairs(root, root / part / f"{part}_A", root / part / f"{part}_B", None)
 
 
-def _sbu(root: Path, split: str, fold: int | None) -> SplitRows | None:
+def _sbu(rule: RootRule, split: str, fold: int | None) -> SplitRows | None:
+    root = rule.root
     part = root / ("SBUTrain4KRecoveredSmall" if split == "train" else "SBU-Test")
     return _pairs(root, part / "ShadowImages", part / "ShadowMasks", ".png")

@@ -41,6 +41,7 @@ from sss.data._decode import (
     sample_crop,
     single_thread,
 )
+from sss.data._paths import RootRule, not_regular
 from sss.data._skiplog import SkipLog
 from sss.data.layouts import SplitRows, read_split
 
@@ -61,8 +62,8 @@ ON_ERROR = ("raise", "skip")
 SKIP_HINT = "set data.on_error=skip to leave such rows out"
 
 
-def _read_names(path: Path) -> list[str]:
-    names = [line.strip() for line in read_text(path).splitlines() if line.strip()]
+def _read_names(path: Path, rule: RootRule) -> list[str]:
+    names = [line.strip() for line in read_text(rule.check(path)).splitlines() if line.strip()]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise DataError(f"{path}: duplicate class name(s) {', '.join(duplicates)}; each name must appear once")
@@ -112,7 +113,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         augment: Image augmentation in training.
         event_frame_rate: Frames per second of ``"events"``.
         on_error: ``"raise"`` or ``"skip"``.
-        allow_outside_root: Accept absolute paths, ``..`` and symbolic links that leave ``root``.
+        allow_outside_root: Accept absolute paths, ``..`` and symbolic links that leave ``root``, in rows and
+            in the files read from it (``classes.txt``, the manifest, event tables; see `sss.data._paths`).
         skip_log: Where skipped rows are recorded (``on_error="skip"``); None: a temporary file.
         require_label: Refuse a manifest without ``label``/``labels`` (False for prediction inputs).
         seed: Seed of the augmentation: a sample's crops and flips are a function of (seed, epoch, index).
@@ -153,10 +155,9 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         if not clip_seconds > 0:  # a 0-sample clip only fails later, inside the model, with no hint why
             raise ValueError(f"data.clip_seconds must be > 0 (seconds of audio per sample), got {clip_seconds!r}")
         self.root = Path(root)
-        self._real_root = os.path.realpath(self.root)  # where links inside the root must stay
-        self._real_dirs: dict[str, str] = {}  # resolved folders: most rows share a few, so resolve each once
+        self._rule = RootRule(self.root, allow_outside_root)  # every file read below stays inside the root
         self.split, self.layout = split, layout
-        found = read_split(layout, self.root, split, fold)
+        found = read_split(layout, self.root, split, fold, allow_outside_root=allow_outside_root)
         if found is None:
             raise FileNotFoundError(f"manifest not found: {self.root / split}.csv (or .jsonl) for layout {layout!r}")
         self.source = found.source
@@ -165,7 +166,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         # Shared memory, so that persistent DataLoader workers see the epoch the trainer sets.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.skip_log = SkipLog(skip_log or Path(tempfile.gettempdir()) / f"sss-skipped-{uuid.uuid4().hex}.csv")
-        self.classes = classes if classes is not None else _default_classes(self.root, found)
+        self.classes = classes if classes is not None else _default_classes(self.root, found, allow_outside_root)
         self.image_size, self.sample_rate, self.clip_seconds = image_size, sample_rate, clip_seconds
         self.num_samples = round(sample_rate * clip_seconds)
         self.train, self.augment, self.event_frame_rate = train, augment, event_frame_rate
@@ -199,12 +200,12 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         if not self.has_events:
             return []
         path = self.root / "event_classes.txt"
-        if path.is_file():
-            return _read_names(path)
+        if path.exists():  # not is_file(): a FIFO or a folder of that name is refused, not silently passed over
+            return _read_names(path, self._rule)
         labels = set()
         for table in {row.get("events") for _, row in found.rows if row.get("events")}:
-            full = self._resolve(str(table))
-            if isinstance(full, str) and os.path.isfile(full):
+            full = self._rule.resolve(str(table))
+            if isinstance(full, str) and not_regular(full) is None:
                 try:
                     labels |= {e.label for rows in read_event_table(full).events.values() for e in rows}
                 except DataError:
@@ -284,43 +285,17 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             raise DataError(f"unknown label {unknown[0]!r} (classes: {shown}); add it to classes.txt or fix the row")
         return tuple(index[n] for n in names) if self.multilabel else index[names[0]]
 
-    def _resolve(self, value: str) -> str | DataError:
-        value = value.strip()
-        full = os.path.normpath(os.path.join(self.root, value))
-        if self.allow_outside_root:
-            return full
-        fix = "move the file inside it, or set data.allow_outside_root=true if that is intended"
-        if os.path.isabs(value) or not _inside(os.path.abspath(full), os.path.abspath(self.root)):
-            err = DataError(f"path {value!r} leaves the dataset folder {self.root}; {fix}")
-        else:
-            # A symbolic link can lead out as surely as "..": compare where it really points.
-            real = self._realpath(full)
-            if _inside(real, self._real_root):
-                return full
-            err = DataError(
-                f"path {value!r} leaves the dataset folder {self.root} through a symbolic link to {real}; {fix}"
-            )
-        err.file = full
-        return err
-
-    def _realpath(self, full: str) -> str:
-        """``os.path.realpath(full)``, with the folder part cached (a full resolve per row doubled the check's time)."""
-        folder, name = os.path.split(full)
-        if folder not in self._real_dirs:
-            self._real_dirs[folder] = os.path.realpath(folder)
-        real = os.path.join(self._real_dirs[folder], name)
-        return os.path.realpath(real) if os.path.islink(real) else real
-
     def _checked_file(self, value: Any, column: str) -> str:
         if value is None or str(value).strip() == "":
             raise DataError(f"has an empty {column} path; every row needs one")
-        full = self._resolve(str(value))
+        full = self._rule.resolve(str(value))
         if isinstance(full, DataError):
             raise full
-        if not os.path.exists(full):
+        problem = not_regular(full)  # a FIFO would block the first read forever: refused without being opened
+        if problem == "not found":
             raise _file_error(f"{column} file not found: {full}", full)
-        if not os.path.isfile(full):
-            raise _file_error(f"{column} path {full} is a directory, not a file", full)
+        if problem is not None:
+            raise _file_error(f"{column} path {full} {problem}", full)
         return full
 
     def _row_events(self, table: str, audio: str | None) -> tuple[tuple[float, float, int], ...]:
@@ -496,6 +471,10 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     def _guard(self, index: int, kind: str, path: str, load: Any) -> Any:
         """Run ``load(path)``; any failure becomes one `DataError` naming the row, the file and the problem."""
         try:
+            # Checked again here: the file may have been replaced (by a pipe, say) since the rows were read.
+            problem = not_regular(path)
+            if problem is not None and problem != "not found":
+                raise DataError(problem)
             return load(path)
         except DataError as err:
             reason = str(err)
@@ -531,7 +510,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_tables"], state["_real_dirs"] = {}, {}  # built at construction; workers do not need them
+        state["_tables"] = {}  # built at construction; workers do not need it
         return state
 
 
@@ -570,13 +549,9 @@ def _file_error(message: str, file: str, reason: str = "") -> DataError:
     return err
 
 
-def _inside(path: str, folder: str) -> bool:
-    return os.path.commonpath([path, folder]) == folder
-
-
-def _default_classes(root: Path, found: SplitRows) -> list[str]:
-    if (root / "classes.txt").is_file():
-        return _read_names(root / "classes.txt")
+def _default_classes(root: Path, found: SplitRows, allow_outside_root: bool = False) -> list[str]:
+    if (root / "classes.txt").exists():  # not is_file(): a FIFO or a folder of that name is refused
+        return _read_names(root / "classes.txt", RootRule(root, allow_outside_root))
     if found.classes is not None:
         return list(found.classes)
     labels: set[str] = set()

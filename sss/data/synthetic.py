@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from sss._writing import writing_to
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
 from sss.data import _render  # the binding task's scenes reuse the default's floor, lamp and hum
 from sss.data._decode import file_lock
@@ -212,6 +213,12 @@ def _generate_once(out_dir: Path, args: dict[str, Any]) -> bool:
     """Make sure ``out_dir`` holds the dataset; True if this call generated it, False if it was already there."""
     if _is_complete(out_dir, args):  # fast path, no lock: the stamp only ever appears inside a complete folder
         return False
+    # A full or read-only disk names out_dir, not the hidden folder the dataset is built in.
+    with writing_to(out_dir):
+        return _generate_locked(out_dir, args)
+
+
+def _generate_locked(out_dir: Path, args: dict[str, Any]) -> bool:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(out_dir.parent / f".{out_dir.name}.lock"):
         if _is_complete(out_dir, args):  # another process finished while we waited for the lock
@@ -255,7 +262,9 @@ def _write_files(files: list[tuple[str, bytes]]) -> None:
     for path, data in files:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a disk that fills up mid-file writes part of it without an error; the next write fails
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
 

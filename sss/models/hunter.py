@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import os
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 from sss.metrics.task import task_outputs
 from sss.models.audio.ast import AudioSpectrogramTransformer
 from sss.models.audio.cnn import AudioCNN
@@ -25,7 +27,17 @@ from sss.models.image.timm_encoder import TimmImageEncoder
 from sss.models.registry import register_model
 from sss.trainer.module import LitModule
 
-__all__ = ["AUDIO_ENCODERS", "FUSIONS", "LOSS_KEYS", "HunterModule", "hunter_base", "hunter_small", "hunter_tiny"]
+__all__ = [
+    "AUDIO_ENCODERS",
+    "FUSIONS",
+    "LOSS_KEYS",
+    "MIN_SAMPLE_RATE",
+    "VARIANTS",
+    "HunterModule",
+    "hunter_base",
+    "hunter_small",
+    "hunter_tiny",
+]
 
 FUSIONS = ("bottleneck", "cross_attention", "late")
 """Names accepted by ``HunterModule(fusion=...)``."""
@@ -33,8 +45,15 @@ FUSIONS = ("bottleneck", "cross_attention", "late")
 AUDIO_ENCODERS = ("ast", "cnn")
 """Names accepted by ``HunterModule(audio_encoder=...)``."""
 
+CHECKPOINTS = ("backbone", "stages")
+"""Names accepted by ``HunterModule(image_checkpointing=...)``."""
+
 LOSS_KEYS = ("label", "labels", "events", "mask")
 """Batch targets `HunterModule.compute_loss` knows, and the keys of ``loss_weights``."""
+
+MIN_SAMPLE_RATE = 100
+"""The lowest ``sample_rate`` the audio front-end takes: its hop is ``sample_rate // 100`` samples (10 ms) and its
+mel filters start at 50 Hz, which must lie below the Nyquist frequency."""
 
 
 class HunterModule(LitModule):
@@ -112,32 +131,32 @@ class HunterModule(LitModule):
 
     def __init__(
         self,
-        num_classes: int = 4,
+        num_classes: int = 4,  # >= 1: sss.config.instantiate.KNOWN_ARGS["model"], for every model
         image_encoder: str = "resnet10t",
         image_pretrained: bool | str | os.PathLike[str] = False,
         image_channels_last: bool = False,
         image_kwargs: dict[str, Any] | None = None,
         image_checkpointing: str = "backbone",
-        dim: int = 128,
+        dim: PositiveInt = 128,
         audio_encoder: str = "cnn",
-        audio_width: int = 32,
-        audio_depth: int = 3,
-        audio_stem_stride: int = 1,
+        audio_width: PositiveInt = 32,
+        audio_depth: PositiveInt = 3,
+        audio_stem_stride: PositiveInt = 1,
         audio_kwargs: dict[str, Any] | None = None,
-        n_mels: int = 64,
+        n_mels: PositiveInt = 64,
         sample_rate: int = 16000,
-        freq_mask: int = 8,
-        time_mask: int = 10,
+        freq_mask: NonNegativeInt = 8,
+        time_mask: NonNegativeInt = 10,
         fusion: str = "cross_attention",
-        fusion_depth: int = 1,
-        heads: int = 4,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.0,
-        num_bottlenecks: int = 4,
-        label_smoothing: float = 0.0,
-        num_event_classes: int = 0,
+        fusion_depth: NonNegativeInt = 1,
+        heads: PositiveInt = 4,
+        mlp_ratio: PositiveFloat = 4.0,
+        dropout: UnitFloat = 0.0,
+        num_bottlenecks: NonNegativeInt = 4,
+        label_smoothing: UnitFloat = 0.0,
+        num_event_classes: NonNegativeInt = 0,
         mask_head: bool = False,
-        mask_upsample: int = 4,
+        mask_upsample: PositiveInt = 4,
         modality_dropout: float = 0.0,
         loss_weights: Mapping[str, float] | None = None,
         modalities: Sequence[str] = ("image", "audio"),
@@ -146,8 +165,11 @@ class HunterModule(LitModule):
     ) -> None:
         super().__init__()
         self.metrics = list(metrics) if metrics is not None else None
-        checked = (fusion, audio_encoder, image_checkpointing, dim, heads, modality_dropout, modalities, loss_weights)
-        _check_settings(*checked)
+        checked = {"fusion": fusion, "audio_encoder": audio_encoder, "image_checkpointing": image_checkpointing}
+        checked |= {"dim": dim, "heads": heads, "sample_rate": sample_rate, "modality_dropout": modality_dropout}
+        problems = self.setting_problems(checked | {"modalities": modalities, "loss_weights": loss_weights})
+        if problems:
+            raise ValueError(problems[0][1])
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
         self.modality_dropout = modality_dropout
@@ -182,6 +204,40 @@ class HunterModule(LitModule):
         self.mask_head = MaskHead(dim, mask_upsample) if mask_head else None
         if grad_checkpointing:  # a flag on the parts built above: it changes no weight
             self.set_grad_checkpointing(True)
+
+    @classmethod
+    def resolve_settings(cls, overrides: Mapping[str, Any], variant: str | None = None) -> dict[str, Any] | None:
+        """The arguments a build gets: the constructor's defaults, then `variant`'s (`VARIANTS`), then `overrides`.
+
+        None for a variant registered elsewhere (a user's entrypoint): its own defaults are not known here.
+
+        Example:
+            >>> settings = HunterModule.resolve_settings({"dim": 48}, variant="hunter_tiny")
+            >>> settings["dim"], settings["heads"], settings["fusion"]
+            (48, 2, 'cross_attention')
+        """
+        if variant is not None and variant not in VARIANTS:
+            return None
+        params = inspect.signature(cls).parameters.values()
+        defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        return {**defaults, **VARIANTS.get(variant or "", {}), **overrides}
+
+    @staticmethod
+    def setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """What the constructor refuses in `settings` (a missing argument takes its default), building nothing.
+
+        ``sss check`` and the start of ``sss fit`` call it (via `resolve_settings`), so a bad model
+        value is refused in the constructor's own words before any data is read. The values must
+        already have their annotated types (the check of the signature comes first).
+
+        Returns:
+            ``(argument, why)`` pairs, in the constructor's order; empty when it would build.
+
+        Example:
+            >>> HunterModule.setting_problems({"fusion": "early", "dim": 30})[1]
+            ('dim', 'dim=30 must be divisible by heads=4 (model.dim / model.heads)')
+        """
+        return _setting_problems(settings)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Encode the modalities present, drop some in training, fuse, and run the heads.
@@ -458,48 +514,52 @@ def _fusion(
     return CrossModalFusion(dim, depth, heads, num_classes, dropout, mlp_ratio)
 
 
-def _check_settings(
-    fusion: str,
-    audio_encoder: str,
-    image_checkpointing: str,
-    dim: int,
-    heads: int,
-    modality_dropout: float,
-    modalities: Sequence[str],
-    loss_weights: Mapping[str, float] | None,
-) -> None:
-    """Refuse a `HunterModule` configuration before anything is built, naming the config key."""
-    _check_choice("fusion", fusion, FUSIONS)
-    _check_choice("audio_encoder", audio_encoder, AUDIO_ENCODERS)
-    _check_choice("image_checkpointing", image_checkpointing, ("backbone", "stages"))
-    if dim % heads:
-        raise ValueError(f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)")
-    if not 0.0 <= modality_dropout <= 0.5:
-        raise ValueError(
-            f"modality_dropout={modality_dropout} must be in [0, 0.5]: each modality is dropped with this "
-            "probability and never both at once"
+def _setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    # HunterModule.setting_problems, in the order the constructor has always checked them.
+    get, problems = settings.get, []
+    for key, choices in (("fusion", FUSIONS), ("audio_encoder", AUDIO_ENCODERS), ("image_checkpointing", CHECKPOINTS)):
+        if key in settings and settings[key] not in choices:
+            problems.append((key, _unknown_choice(key, settings[key], choices)))
+    dim, heads, rate = get("dim", 128), get("heads", 4), get("sample_rate", 16000)
+    if dim < 1 or heads < 1:  # a zero-width model builds, and trains to exit 0
+        key = "dim" if dim < 1 else "heads"
+        problems.append((key, f"dim={dim} and heads={heads} must both be >= 1 (model.{key})"))
+    elif dim % heads:
+        problems.append(("dim", f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)"))
+    if rate < MIN_SAMPLE_RATE:
+        why = "its hop is sample_rate // 100 samples, its lowest mel filter 50 Hz"
+        problems.append(
+            (
+                "sample_rate",
+                f"sample_rate={rate} Hz is below {MIN_SAMPLE_RATE} Hz, the least the audio "
+                f"front-end takes ({why}): give the audio's rate, e.g. 16000 (model.sample_rate)",
+            )
         )
+    dropout = get("modality_dropout", 0.0)
+    if not 0.0 <= dropout <= 0.5:
+        why = "each modality is dropped with this probability and never both at once"
+        problems.append(("modality_dropout", f"modality_dropout={dropout} must be in [0, 0.5]: {why}"))
+    modalities, fusion = list(get("modalities", ("image", "audio"))), get("fusion", "cross_attention")
     if not set(modalities) or set(modalities) - {"image", "audio"}:
-        raise ValueError(f"modalities={list(modalities)} must be a non-empty subset of ['image', 'audio']")
-    if len(set(modalities)) == 1 and fusion != "late":
-        raise ValueError(
-            f"fusion={fusion!r} fuses two modalities; with modalities={list(modalities)} use model.fusion=late"
-        )
-    unknown = sorted(set(loss_weights or {}) - set(LOSS_KEYS))
+        problems.append(("modalities", f"modalities={modalities} must be a non-empty subset of ['image', 'audio']"))
+    elif len(set(modalities)) == 1 and fusion != "late":
+        why = f"fuses two modalities; with modalities={modalities} use model.fusion=late"
+        problems.append(("fusion", f"fusion={fusion!r} {why}"))
+    unknown = sorted(set(get("loss_weights") or {}) - set(LOSS_KEYS))
     if unknown:
-        raise ValueError(f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
-
-
-def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"unknown {key.replace('_', ' ')} {value!r}{hint}; choose one of {', '.join(choices)} (model.{key})"
+        problems.append(
+            ("loss_weights", f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
         )
+    return problems
 
 
-def _create(variant: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> HunterModule:
+def _unknown_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {key.replace('_', ' ')} {value!r}{hint}; choose one of {', '.join(choices)} (model.{key})"
+
+
+def _create(variant: str, overrides: dict[str, Any]) -> HunterModule:
     # Name a misspelt override here rather than let Python's message point into HunterModule.__init__.
     accepted = list(inspect.signature(HunterModule).parameters)
     unknown = [key for key in overrides if key not in accepted]
@@ -511,34 +571,62 @@ def _create(variant: str, defaults: dict[str, Any], overrides: dict[str, Any]) -
         raise TypeError(
             f"{variant}() got unknown argument(s) {', '.join(hints)}; HunterModule takes {', '.join(accepted)}"
         )
-    return HunterModule(**{**defaults, **overrides})
+    return HunterModule(**{**copy.deepcopy(VARIANTS[variant]), **overrides})
 
 
 # --- variants: defaults only; every argument of HunterModule can be overridden -------------------------------
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "hunter_tiny": {
+        "image_encoder": "resnet10t",
+        "image_kwargs": {"channels": [8, 16, 32, 64], "stem_width": 8},
+        "audio_width": 4,
+        "audio_depth": 2,
+        "audio_stem_stride": 2,
+        "n_mels": 32,
+        "image_channels_last": True,
+        "dim": 32,
+        "heads": 2,
+        "mlp_ratio": 2.0,
+    },
+    "hunter_small": {
+        "image_encoder": "resnet10t",
+        "image_kwargs": {"channels": [16, 32, 64, 128], "stem_width": 8},
+        "image_channels_last": True,
+        "dim": 64,
+        "audio_width": 8,
+        "audio_stem_stride": 2,
+        "mlp_ratio": 2.0,
+    },
+    "hunter_base": {
+        "image_encoder": "resnet50",
+        "image_checkpointing": "stages",
+        "dim": 256,
+        "heads": 8,
+        "fusion_depth": 2,
+        "dropout": 0.1,
+        # 64 mels, not AST's 128: the 25 ms / 400-point FFT leaves some of 128 mel filters empty below 8 kHz.
+        "audio_encoder": "ast",
+        "audio_depth": 4,
+        "audio_width": 64,  # for a model.audio_encoder=cnn
+    },
+}
+"""The `HunterModule` arguments each registered variant sets; the constructor's defaults give the rest."""
 
 
 @register_model
 def hunter_tiny(**overrides: Any) -> HunterModule:
     """Test scale: a resnet10t of 8-64 channels, 32-d tokens, a 2-block 4-wide audio CNN over 32 mels."""
-    image = {"image_encoder": "resnet10t", "image_kwargs": {"channels": [8, 16, 32, 64], "stem_width": 8}}
-    audio = {"audio_width": 4, "audio_depth": 2, "audio_stem_stride": 2, "n_mels": 32}
-    defaults = {**image, **audio, "image_channels_last": True, "dim": 32, "heads": 2, "mlp_ratio": 2.0}
-    return _create("hunter_tiny", defaults, overrides)
+    return _create("hunter_tiny", overrides)
 
 
 @register_model
 def hunter_small(**overrides: Any) -> HunterModule:
     """CPU scale: a narrow resnet10t in channels-last, 64-d tokens, a 3-block 8-wide strided audio CNN."""
-    image = {"image_encoder": "resnet10t", "image_kwargs": {"channels": [16, 32, 64, 128], "stem_width": 8}}
-    defaults = {**image, "image_channels_last": True, "dim": 64, "audio_width": 8, "audio_stem_stride": 2}
-    return _create("hunter_small", {**defaults, "mlp_ratio": 2.0}, overrides)
+    return _create("hunter_small", overrides)
 
 
 @register_model
 def hunter_base(**overrides: Any) -> HunterModule:
     """GPU scale: resnet50 image side, 256-d tokens, a 4-block AST over 64 mels, two fusion layers."""
-    image = {"image_encoder": "resnet50", "image_checkpointing": "stages", "dim": 256, "heads": 8}
-    fusion = {"fusion_depth": 2, "dropout": 0.1}
-    # 64 mels, not AST's 128: the 25 ms / 400-point FFT leaves some of 128 mel filters empty below 8 kHz.
-    audio = {"audio_encoder": "ast", "audio_depth": 4, "audio_width": 64}  # width: for a model.audio_encoder=cnn
-    return _create("hunter_base", {**image, **fusion, **audio}, overrides)
+    return _create("hunter_base", overrides)

@@ -22,7 +22,6 @@ import re
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ from typing import Any
 
 from sss.callbacks.checkpoint import REQUEUE_EXIT_CODE
 from sss.errors import SSSError
+from sss.run._rank_errors import Rerun, launch_ranks
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -181,9 +181,10 @@ def launch(
     eviction reaches its first process only) on to the training processes (torchrun starts each in a session of
     its own, out of reach of a signal to this one's process group; it passes SIGTERM on itself). When a training
     process stopped on SIGUSR1 (saved; or killed by it before training began) the code is `REQUEUE_EXIT_CODE`;
-    otherwise the first failed process's own code (128 + N for signal N). A machine that did not meet the others
-    within `rendezvous_timeout` is a `ClusterError` that says what to check. `env` (default ``os.environ``) is
-    where the arguments come from.
+    otherwise the failed process's own code (128 + N for signal N), after its own ``error:`` line, printed once
+    (`sss.run._rank_errors`; torchrun's logs and traceback show with ``SSS_DEBUG=1`` only). A machine that did
+    not meet the others within `rendezvous_timeout` is a `ClusterError` that says what to check. `env` (default
+    ``os.environ``) is where the arguments come from.
 
     Example:
         >>> launch(["-m", "sss", "fit", "x.yaml"], source="env", env={"WORLD_SIZE": "2", "RANK": "0"})
@@ -196,10 +197,8 @@ def launch(
         source = "slurm" if env.get("SLURM_JOB_ID") else "env"
     find = slurm_launch_args if source == "slurm" else env_launch_args
     args = find(env, rendezvous_timeout=rendezvous_timeout)
-    from accelerate.commands.launch import launch_command, launch_command_parser
+    from accelerate.commands.launch import launch_command_parser
     from torch.distributed import DistError
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     print(f"sss: accelerate launch {shlex.join([*args, *target])}", flush=True)
     parsed = launch_command_parser().parse_args([*args, *target])
@@ -211,20 +210,21 @@ def launch(
             raise ClusterError(_machine_rendezvous_failed(args, rendezvous_timeout, unreachable))
     forwarded = [getattr(signal, name) for name in ("SIGUSR1", "SIGTERM") if hasattr(signal, name)]
     previous = {signum: signal.signal(signum, _forward_to_children) for signum in forwarded}
-    try:
-        launch_command(parsed)
-    except subprocess.CalledProcessError as exc:  # one process: Accelerate's plain launcher
-        return _exit_code([exc.returncode])
-    except ChildFailedError as exc:  # torchrun
-        return _exit_code([failure.exitcode for failure in exc.failures.values()])
-    except SignalException as exc:  # torchrun's agent got SIGTERM (a pod's eviction, scancel) and passed it on
-        return 128 + int(exc.sigval)
+    debug = env.get("SSS_DEBUG", "") not in ("", "0")
+    try:  # a failed process: its own line, once (a signal to the agent: a pod's eviction, scancel, is passed on)
+        code, codes = launch_ranks(parsed, debug=debug, rerun=_rerun(target))
     except DistError as exc:  # torchrun's rendezvous of the machines, before any training process started
         raise ClusterError(_machine_rendezvous_failed(args, rendezvous_timeout, exc)) from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 0
+    return _exit_code([code, *codes.values()]) if code else 0
+
+
+def _rerun(target: list[str]) -> Rerun | None:
+    # `-m sss fit ...`: a lost process is reported with the newest checkpoint (its folder comes from the others'
+    # records) and how to continue: the job again, with --resume (the job script's `--resume auto`)
+    return Rerun(None, None) if target[:3] == ["-m", "sss", "fit"] else None
 
 
 def _forward_to_children(signum: int, frame: Any) -> None:
@@ -236,7 +236,8 @@ def _forward_to_children(signum: int, frame: Any) -> None:
 
 
 def _exit_code(codes: list[int]) -> int:
-    # Popen's and torchrun's codes are negative for a process ended by a signal.
+    # The first code (the failed process's own), unless one asks for a requeue; Popen's and torchrun's codes are
+    # negative for a process ended by a signal.
     if any(code in (REQUEUE_EXIT_CODE, 128 - REQUEUE_EXIT_CODE) for code in codes):  # saved, or killed by SIGUSR1
         return REQUEUE_EXIT_CODE
     first = next((code for code in codes if code), 1)

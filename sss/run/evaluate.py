@@ -97,6 +97,8 @@ def load_stored_config(
     e.g. ``data.root=...``). Either is data someone may have handed you, so every ``_target_`` the
     command would build (``model:``, ``data:``) must be sss's own (`untrusted_parts`), unless
     `trust_code`; otherwise `UntrustedCodeError` is raised before anything it names is imported.
+    It is read as data whatever `trust_code` says (``load_config(..., untrusted=True)``): no
+    ``${...}`` interpolation, and the model spec names no file (the weights come from `ckpt`).
 
     Example:
         >>> import tempfile
@@ -113,16 +115,16 @@ def load_stored_config(
         source = path / MARKER
         try:
             stored = json.loads(source.read_text()).get("config")
-        except (ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source}: not a readable checkpoint record ({exc})") from None
+        except (ValueError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+            raise ConfigError(f"{source}: not a readable checkpoint record ({str(exc)[:80]})") from None
         if not isinstance(stored, dict) or not stored:
             raise ConfigError(
                 f"{source} holds no run config: give the config it was trained with: sss {command} CONFIG --ckpt {ckpt}"
             )
-        cfg = load_config(source, overrides, stored=stored)
+        cfg = load_config(source, overrides, stored=stored, untrusted=True)
     elif (path / "config.yaml").is_file():
         source = path / "config.yaml"
-        cfg = load_config(source, overrides)
+        cfg = load_config(source, overrides, untrusted=True)
     else:
         raise FileNotFoundError(
             f"{path} is neither an sss checkpoint ({MARKER}) nor a model folder (config.yaml): pass one of them to "

@@ -40,9 +40,8 @@ def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path, f
         note = weights_note(ema)
     meta = json.loads((checkpoint / MARKER).read_text())
     metrics = dict(meta.get("metrics", {}))
-    if format == "onnx":
-        with fresh_folder(out):
-            export_model(parts.module, cfg, metrics, out, parts.datamodule, weights_source=note)
+    with fresh_folder(out):  # a failed export leaves no folder behind, and a full disk names `out`
+        export_model(parts.module, cfg, metrics, out, parts.datamodule, weights_source=note)
+        if format == "onnx":
             add_onnx(parts.module, out)
-        return out
-    return export_model(parts.module, cfg, metrics, out, parts.datamodule, weights_source=note)
+    return out

@@ -14,6 +14,7 @@ from typing import Any
 
 from sss import __version__
 from sss.callbacks.base import Callback
+from sss.callbacks.checkpoint import ModelCheckpoint
 from sss.callbacks.ema import exported_weights
 from sss.callbacks.hub import HubPush
 from sss.callbacks.plots import Plots
@@ -35,7 +36,7 @@ from sss.evaluation import evaluate, flat_results, print_evaluation
 from sss.model_folder import export_model
 from sss.run.hub_resume import fetch_checkpoint, hub_source
 from sss.run.parts import build_parts, process_state
-from sss.trainer.trainer import SSSTrainer
+from sss.trainer.trainer import EvaluationStopped, SSSTrainer
 
 __all__ = ["run_fit"]
 
@@ -297,7 +298,7 @@ def _resume_path(out: Path, resume: str | None, state: Any) -> Path | None:
         return fetch_checkpoint(resume, out, state)
     if resume not in ("latest", "auto"):
         try:
-            verify_checkpoint(resume)
+            verify_checkpoint(resume, resume=True)
         except DamagedCheckpointError as exc:
             raise SystemExit(
                 f"error: --resume {resume}: {exc}. Resume another checkpoint (--resume PATH), or the newest one "
@@ -385,7 +386,14 @@ class _FinalEvaluation(Callback):
         validated = any(k.startswith("val/") for k in trainer.state.metrics)
         if not hasattr(self.datamodule, "val_dataloader") or not (reuse or validated):
             return
-        self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=reuse)
+        try:
+            self.result = evaluate(trainer, module, self.datamodule, split="val", reuse_last=reuse)
+        except EvaluationStopped:  # a signal: the checkpoint it promised, then stop; no more passes, no export
+            saver = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+            if saver is None:
+                raise
+            trainer.stop.during = "the final evaluation"
+            saver.save_and_stop(trainer, replace=False)
         # The ablation passes' full metric sets stay in self.result; the run's metrics (results.json,
         # model card, Hub push) get the per-modality headline figures and the fusion gain.
         ablated = {k for k in trainer.state.metrics if k.startswith(("val_image_only/", "val_audio_only/"))}

@@ -7,18 +7,21 @@ file (``--config-file``, else the one ``accelerate config`` wrote), the sss defa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sss.config import ConfigError
+from sss.run._rank_errors import Rerun, launch_ranks, record_rank_error
 
 __all__ = [
+    "Rerun",
     "Setting",
     "accelerate_config",
     "apply_launch_settings",
@@ -26,6 +29,7 @@ __all__ = [
     "launch_command",
     "launcher_argv",
     "launcher_flags",
+    "record_rank_error",
     "relaunch",
     "resolve_launch",
     "single_process_launch",
@@ -62,8 +66,7 @@ def accelerate_config(path: str | None = None) -> tuple[dict[str, Any], str | No
         ...
         sss.config.errors.ConfigError: --config-file /nonexistent.yaml: no such file (write one with ...)
     """
-    import yaml
-
+    given = path is not None
     if path is None:
         from accelerate.commands.config import default_config_file
 
@@ -74,15 +77,40 @@ def accelerate_config(path: str | None = None) -> tuple[dict[str, Any], str | No
         raise ConfigError(
             f"--config-file {path}: no such file (write one with `accelerate config --config_file {path}`)"
         )
-    text = Path(path).read_text(encoding="utf-8")
-    data = (json.loads(text) if path.endswith(".json") else yaml.safe_load(text)) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config-file {path}: not an Accelerate config (a mapping of settings)")
+    data = _read_config_file(path, given)
     values = {key: data[key] for key in ("num_processes", "mixed_precision") if data.get(key) is not None}
-    accumulation = (data.get("deepspeed_config") or {}).get("gradient_accumulation_steps")
+    deepspeed = data.get("deepspeed_config")
+    accumulation = deepspeed.get("gradient_accumulation_steps") if isinstance(deepspeed, dict) else None
     if isinstance(accumulation, int):
         values["gradient_accumulation_steps"] = accumulation
     return values, path
+
+
+def _read_config_file(path: str, given: bool) -> dict[str, Any]:
+    # One line naming the file for anything that is not a mapping of settings: bad YAML or JSON, bytes, a list.
+    import yaml
+
+    name = f"--config-file {path}" if given else f"Accelerate's config file {path} (written by `accelerate config`)"
+    fix = f"fix it, or write a new one with `accelerate config --config_file {path}`"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: not a text file; {fix}") from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name}: not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{name}: not valid YAML ({where}{problem}); {fix}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}: not an Accelerate config (a mapping of settings, got {type(data).__name__}); {fix}")
+    return data
 
 
 def resolve_launch(
@@ -293,17 +321,36 @@ def apply_launch_settings(
     return int(next((s.value for s in settings if s.key == "num_processes"), 1))
 
 
-def relaunch(num_processes: int, args: list[str]) -> int:
-    """Run ``sss ARGS`` in `num_processes` processes through Accelerate's launcher; its exit code.
+def relaunch(num_processes: int, args: list[str], traceback: bool = False, rerun: Rerun | None = None) -> int:
+    """Run ``sss ARGS`` in `num_processes` processes through Accelerate's launcher, in this process; the exit code.
 
-    The same as ``accelerate launch -m sss ARGS``; the launched processes skip resolving the
-    launch settings again (they get them as overrides).
+    The same as ``accelerate launch -m sss ARGS``; the launched processes skip resolving the launch
+    settings again (they get them as overrides). A failed rank ends the run with its own line, printed
+    once, and its exit code; a rank killed by a signal is named with the newest checkpoint that verifies
+    and `rerun`'s command (`sss.run._rank_errors`). With `traceback` (``sss --traceback``, ``SSS_DEBUG=1``)
+    the ranks and the launcher show their tracebacks and logs instead.
     """
-    import subprocess
+    from accelerate.commands.launch import launch_command_parser
 
     cmd = launch_command(num_processes, ["-m", "sss", *args])
     print("sss: launching", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env=child_environment())
+    parsed = launch_command_parser().parse_args(cmd[3:])  # after `python -m accelerate.commands.launch`
+    env = child_environment()
+    if traceback:
+        env["SSS_DEBUG"] = "1"
+    with _environment(env):  # the launcher gives the processes a copy of this one's
+        return launch_ranks(parsed, debug=traceback, rerun=rerun)[0]
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    before = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:

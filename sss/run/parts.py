@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sss.config import SSSConfig, instantiate
+from sss.config import ConfigError, SSSConfig, instantiate
 from sss.run.cluster import preflight_rendezvous
 from sss.trainer.module import LitModule
 from sss.trainer.trainer import use_cpu
 
-__all__ = ["Parts", "build_parts", "process_state", "sizes_from_data"]
+__all__ = ["Parts", "build_parts", "check_num_classes", "process_state", "sizes_from_data"]
 
 
 @dataclass
@@ -49,8 +49,10 @@ def build_parts(cfg: SSSConfig) -> Parts:
 
     state = process_state(cfg)
     datamodule = instantiate(cfg.data) if cfg.data else None  # a model folder's config may hold no data section
+    check_num_classes(cfg.model, datamodule)  # a data module may know its classes before it reads anything
     if hasattr(datamodule, "setup"):
         datamodule.setup("fit")  # reads (or makes) the data: classes and modalities are known after it
+    check_num_classes(cfg.model, datamodule)
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     from_data = sizes_from_data(cfg.model, datamodule)
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
@@ -89,7 +91,7 @@ def sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:
     # data with one modality also decides which encoders exist (ESC-50 has no images).
     sizes: dict[str, Any] = {}
     classes = getattr(datamodule, "classes", None)
-    if "num_classes" not in spec and classes:
+    if spec.get("num_classes") is None and classes:  # null, as left out: the data's count, not a default's
         sizes["num_classes"] = len(classes)
     modalities = tuple(getattr(datamodule, "modalities", ()) or ())
     if spec.get("_target_") == "sss.models.create_model" and "modalities" not in spec and len(modalities) == 1:
@@ -97,3 +99,33 @@ def sizes_from_data(spec: dict[str, Any], datamodule: Any) -> dict[str, Any]:
         if "fusion" not in spec:
             sizes["fusion"] = "late"  # there is nothing to attend across
     return sizes
+
+
+def check_num_classes(spec: dict[str, Any], datamodule: Any) -> None:
+    """Refuse a ``model.num_classes`` other than the number of classes the data module lists, before any step.
+
+    A head with fewer logits than classes fails at the first batch that holds a higher label (``Target 3
+    is out of bounds``), one with more trains logits no label ever names and fails at the export; the
+    message names both counts and the override that fixes it. A data module without a class list yet
+    (or none at all: segmentation) passes.
+
+    Raises:
+        ConfigError: The counts differ.
+
+    Example:
+        >>> class Data:
+        ...     classes = ["mismatch", "match"]
+        >>> check_num_classes({"num_classes": 4}, Data())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        sss.config.errors.ConfigError: model.num_classes=4, but the data has 2 classes (mismatch, match): ...
+    """
+    classes, given = list(getattr(datamodule, "classes", None) or []), spec.get("num_classes")
+    if not classes or given is None or given == len(classes):
+        return
+    shown = ", ".join(map(str, classes[:8])) + (", ..." if len(classes) > 8 else "")
+    raise ConfigError(
+        f"model.num_classes={given}, but the data has {len(classes)} classes ({shown}): add "
+        f"model.num_classes={len(classes)} to the command (or remove model.num_classes from the config: the data "
+        "then sets it)"
+    )

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
-from sss.config import ConfigError, instantiate, load_config
+from sss._writing import writing_to
+from sss.config import ConfigError, instantiate
+from sss.errors import SSSError
 from sss.model_folder import (
-    PREPROCESSING,
     SETTINGS,
     UntrustedCodeError,
+    load_folder_config,
     load_model,
     load_trained_weights,
+    read_preprocessing,
+    require_complete,
     untrusted_targets,
 )
 
-__all__ = ["predict"]
+__all__ = ["PredictStopped", "predict"]
 
 INPUT_OVERRIDES = ("data.allow_outside_root", "data.on_error")
 """The ``data.*`` overrides that apply to reading the input manifest; every ``model.*`` one rebuilds the model."""
@@ -51,7 +59,9 @@ def predict(
     paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
     model folder's ``preprocessing.json``. Columns: ``row`` (the manifest line), the input paths,
     ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one
-    ``prob_<class>`` per class.
+    ``prob_<class>`` per class. The rows go to ``<output>.partial``, which takes the name `output` only
+    when complete: a failed or stopped predict (an error, Ctrl-C, SIGTERM, SIGHUP: `PredictStopped`)
+    removes it and leaves no `output`; a full or read-only disk names the output folder.
 
     ``runtime="onnx"`` runs the folder's ``model.onnx`` (``sss export ... --format onnx``) with
     onnxruntime instead of building the PyTorch module (`sss.onnx_export.OnnxRunner`; CUDA when
@@ -62,8 +72,8 @@ def predict(
     model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
     if output.exists():
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
-    prep_file = model_dir / PREPROCESSING
-    prep = json.loads(prep_file.read_text()) if prep_file.is_file() else {}
+    require_complete(model_dir)  # a folder missing its preprocessing would predict with default decoding
+    prep = read_preprocessing(model_dir)
     if runtime == "onnx":
         module, reading = _onnx_model(model_dir, list(overrides), device)
     else:
@@ -83,18 +93,100 @@ def predict(
     )
     classes = prep.get("classes") or dataset.classes
     multilabel = prep.get("task") == "multilabel"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with output.open("x", newline="") as f:  # "x": an --output that appeared meanwhile is not overwritten
-            _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
-    except FileExistsError:
-        raise FileExistsError(f"{output} already exists; choose another --output or remove it") from None
-    except BaseException:
-        output.unlink(missing_ok=True)  # our partial CSV: a failed run leaves no output that looks complete
-        raise
+    with _partial_file(output) as f:
+        _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
     if skipped := dataset.skip_log.rows():
         print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
     return output
+
+
+@contextlib.contextmanager
+def _partial_file(output: Path) -> Iterator[IO[str]]:
+    """Write `output` as ``<output>.partial`` and give it its name when complete; a failure or a stop removes it.
+
+    A SIGTERM or SIGHUP (a scheduler's stop, a closed terminal) ends the block like Ctrl-C does, so the
+    partial file goes too; only a SIGKILL leaves it, named ``*.partial``: never a CSV that looks complete.
+    A full or read-only disk names the output folder. The folders this call created go as well.
+    """
+    partial = output.with_name(f"{output.name}.partial")
+    created = [p for p in (output.parent, *output.parent.parents) if not p.exists()]  # innermost first
+    mine = False
+    try:
+        with writing_to(output.parent), _signals_stop(), _open_new(partial, output) as f:
+            mine = True
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if mine:  # not the .partial of another predict that is writing it
+            partial.unlink(missing_ok=True)
+        for folder in created:
+            with contextlib.suppress(OSError):  # the folder of a predict that wrote into it meanwhile stays
+                folder.rmdir()
+        raise
+    _publish(partial, output)
+
+
+def _open_new(partial: Path, output: Path) -> IO[str]:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return partial.open("x", newline="")  # "x": never another predict's file
+    except FileExistsError:
+        raise FileExistsError(
+            f"{partial} exists: an sss predict writing {output.name} is running, or one was killed; "
+            "remove it (or choose another --output)"
+        ) from None
+
+
+def _publish(partial: Path, output: Path) -> None:
+    # A hard link never replaces a file (a rename would): an --output that appeared meanwhile is kept.
+    try:
+        os.link(partial, output)
+    except FileExistsError:
+        raise FileExistsError(f"{output} appeared during predict; the predictions are in {partial}") from None
+    except OSError:  # a file system without hard links (FAT, some network mounts): check, then rename
+        if output.exists():
+            raise FileExistsError(f"{output} appeared during predict; the predictions are in {partial}") from None
+        os.replace(partial, output)
+        return
+    partial.unlink()
+
+
+class PredictStopped(SSSError):
+    """``sss predict`` got SIGTERM or SIGHUP: it stopped, and wrote no output (exit 128 + the signal number)."""
+
+    def __init__(self, signum: int) -> None:
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(f"sss predict stopped by {name}; no predictions were written (run it again to write them)")
+
+
+class _Stop(BaseException):
+    # A BaseException, as KeyboardInterrupt: the decoders' `except Exception` (a bad file) must not catch it.
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_stop() -> Iterator[None]:
+    # Python's default SIGTERM and SIGHUP end the process on the spot, skipping every cleanup.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
+    kinds = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    before = {s: signal.signal(s, stop) for s in kinds}
+    try:
+        yield
+    except _Stop as exc:
+        raise PredictStopped(exc.signum) from None
+    finally:
+        for kind, handler in before.items():
+            signal.signal(kind, handler)
 
 
 def _write_rows(
@@ -149,7 +241,7 @@ def _model(model_dir: Path, overrides: list[str], device: str, trust_code: bool)
     if not overrides:
         return load_model(model_dir, device, trust_code=trust_code), {}
     source, sources = model_dir / "config.yaml", {}
-    cfg = load_config(source, overrides, sources)  # unknown keys, wrong types: named, with the closest key
+    cfg = load_folder_config(model_dir, overrides, sources)  # unknown keys, wrong types: named, with the closest key
     for item in overrides:
         key = item.split("=", 1)[0]
         if key != "model" and not key.startswith("model.") and key not in INPUT_OVERRIDES:
@@ -184,7 +276,7 @@ def _onnx_model(model_dir: Path, overrides: list[str], device: str) -> tuple[Any
     runner = OnnxRunner(model_dir, device)
     if not overrides:
         return runner, {}
-    cfg = load_config(source, overrides, sources)
+    cfg = load_folder_config(model_dir, overrides, sources)
     given = [key for key in INPUT_OVERRIDES if sources.get(key) == "override"]
     return runner, {key.split(".", 1)[1]: cfg.data[key.split(".", 1)[1]] for key in given}
 

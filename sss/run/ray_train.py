@@ -8,6 +8,12 @@ Ray starts N worker processes (on one machine or across a Ray cluster), forms th
 (``FailureConfig(max_failures=K)``), which continues from the newest complete ``sss`` checkpoint in
 OUTPUT_DIR. State lives in ``sss`` checkpoints only; Ray gets the metrics (`RayReport`).
 
+Two things are not left to Ray's waiting and retrying. A cluster address where nothing answers is refused
+within seconds, before ``ray.init`` (which would wait for minutes, silently). sss's own deterministic errors
+in a worker (a `DataError`, a `ConfigError`, a refusal such as a finished run) are not retried, whatever
+``--max-failures`` says: the same data or config fails the same way on every restart; the run stops at
+once with that error's one line and exit code, as a 1-process ``sss fit`` would (`WorkerRefusal`).
+
 Ray is imported inside the functions: ``sss --help`` and every other command never load it.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +32,7 @@ from sss.checkpoint import complete_checkpoints, folder_holder, holds_run
 from sss.config import SSSConfig
 from sss.errors import SSSError
 
-__all__ = ["RAY_MISSING", "RayEngineError", "RayReport", "fit_with_ray"]
+__all__ = ["RAY_MISSING", "RayEngineError", "RayReport", "WorkerRefusal", "fit_with_ray"]
 
 RAY_MISSING = "sss fit --engine ray needs Ray: pip install 'shadow-sound-hunter[ray]'"
 """The one line ``sss fit --engine ray`` prints where Ray Train is not installed."""
@@ -42,6 +49,29 @@ class RayEngineError(SSSError):
         >>> RayEngineError("x").exit_code
         1
     """
+
+
+class WorkerRefusal(SSSError):
+    """sss's own deterministic error in a Ray worker (bad data, a bad config, a refusal): the run stops, no restart.
+
+    Carries the worker's one line and its exit code to the driver, where ``sss`` prints them as a 1-process
+    run would. ``sss_refusal`` is what Ray's controller-side check (`sss.run._ray_refusal`) looks for.
+
+    Example:
+        >>> import pickle
+        >>> back = pickle.loads(pickle.dumps(WorkerRefusal("train.csv, line 3: bad.wav cannot be decoded", 1)))
+        >>> str(back), back.exit_code, back.sss_refusal
+        ('train.csv, line 3: bad.wav cannot be decoded', 1, True)
+    """
+
+    sss_refusal = True
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes with its exit code (Ray pickles it twice)
+        return type(self), (str(self), self.exit_code)
 
 
 class RayReport(Callback):
@@ -124,8 +154,9 @@ def fit_with_ray(
         ray_callbacks: Ray Train ``UserCallback`` objects for the run (they run in Ray's controller).
 
     Raises:
-        RayEngineError: Ray is missing, the arguments cannot work, or the run failed more than
-            `max_failures` times (the checkpoints in OUTPUT_DIR stay; the same call continues).
+        RayEngineError: Ray is missing, the arguments cannot work, nothing answers at `address`, or the run
+            failed more than `max_failures` times (the checkpoints in OUTPUT_DIR stay; the same call continues).
+        WorkerRefusal: a worker raised sss's own deterministic error (data, config): not retried.
 
     Example:
         >>> from sss.config import load_config
@@ -149,6 +180,7 @@ def fit_with_ray(
     _import_ray()
     import ray
 
+    _check_address(address)
     cfg = copy.deepcopy(cfg)
     cfg.trainer.output_dir = str(_output_folder(cfg, resume).absolute())
     env = {name: os.environ[name] for name in _WORKER_ENV if name in os.environ}
@@ -169,6 +201,39 @@ def _import_ray() -> None:
         import ray.train.torch  # noqa: F401
     except ImportError:
         raise RayEngineError(RAY_MISSING) from None
+
+
+def _check_address(address: str | None) -> None:
+    # ray.init waits for minutes, printing nothing useful, where nothing listens at a cluster's address
+    # (its GCS port, or the Ray Client port of ray://): a short connect says so first. "auto" is found
+    # by Ray itself, from RAY_ADDRESS or this machine's running cluster.
+    import ray
+
+    from sss._preflight import CONNECT_SECONDS, connect_error
+    from sss._redact import redact_urls
+
+    if ray.is_initialized():  # fit_with_ray works on the instance it finds
+        return
+    given, source = (address, "--ray-address") if address else (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")
+    if not given or given in ("auto", "local"):
+        return
+    client = given.startswith("ray://")
+    try:
+        parts = urllib.parse.urlsplit(given if client else f"//{given}")
+        host, port = parts.hostname, parts.port or (10001 if client else 6379)
+    except ValueError:
+        raise RayEngineError(f"{source} {redact_urls(given)}: not host:port nor ray://host:port") from None
+    why = connect_error(host, port) if host else "no host"
+    if why is None:
+        return
+    start = f"ray start --head --ray-client-server-port {port}" if client else f"ray start --head --port {port}"
+    raise RayEngineError(
+        redact_urls(
+            f"{source} {given}: no Ray cluster answered at {host}:{port} ({why}; a {CONNECT_SECONDS:g} s check). "
+            f"Start one there (`{start}`), or give the address `ray start` printed, or drop {source} for a "
+            "local Ray instance"
+        )
+    )
 
 
 def _output_folder(cfg: SSSConfig, resume: str | None) -> Path:
@@ -222,7 +287,10 @@ def _fit(cfg: SSSConfig, num_workers: int, max_failures: int, env: dict[str, str
         run["worker_runtime_env"] = {"env_vars": {**env, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
         from ray.train import LoggingConfig
 
+        from sss.run._ray_refusal import StopOnRefusal
+
         run["logging_config"] = LoggingConfig(log_level="WARNING")
+        callbacks = [StopOnRefusal(), *callbacks]  # sss's own errors end the run: FailureConfig retries the rest
     if callbacks:
         run["callbacks"] = callbacks
     trainer = TorchTrainer(
@@ -235,6 +303,9 @@ def _fit(cfg: SSSConfig, num_workers: int, max_failures: int, env: dict[str, str
     try:
         trainer.fit()
     except Exception as exc:
+        refusal = getattr(exc, "controller_failure", None)  # what StopOnRefusal raised in Ray's controller
+        if getattr(refusal, "sss_refusal", False):
+            raise refusal from None
         if not type(exc).__module__.startswith("ray."):
             raise
         why = " ".join(str(exc).split())[:2000]
@@ -259,10 +330,18 @@ def _worker(config: dict[str, Any]) -> None:
             sys.path.insert(0, cwd)
     if os.environ.get("RANK") == "0":
         _wait_for_the_last_group(Path(config["cfg"].trainer.output_dir))
+    from sss.config import ConfigError
+    from sss.data import DataError
+    from sss.run._ray_refusal import quiet_refusals
+
+    # sss's own errors fail the same way on every restart: WorkerRefusal tells Ray's controller not to retry.
+    quiet_refusals()  # the driver prints the refusal's one line; Ray would log its traceback here too
     try:
         run_fit(config["cfg"], resume="auto", callbacks=[RayReport(config["every_n_steps"])])
     except SystemExit as exc:  # sss's refusals end a command with SystemExit; in a worker thread it must raise
-        raise RuntimeError(str(exc.code)) from None
+        raise WorkerRefusal(str(exc.code).removeprefix("error: "), 1) from None
+    except (ConfigError, DataError) as exc:
+        raise WorkerRefusal(" ".join(str(exc).split()), exc.exit_code) from None
 
 
 def _wait_for_the_last_group(out: Path, seconds: float = 60) -> None:

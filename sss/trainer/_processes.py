@@ -15,11 +15,11 @@ import torch.distributed as dist
 
 from sss.warnings import use_short_format
 
-__all__ = ["destroy_group_at_exit", "tag_warnings_with_rank"]
+__all__ = ["destroy_group_at_exit", "mark_failed", "tag_warnings_with_rank"]
 
 _registered = False
 _tagged = False
-_failed = False  # set by the excepthook: a failing process does not wait for its peers at exit
+_failed = False  # set by the excepthook and `mark_failed`: a failing process does not wait for its peers at exit
 
 
 def destroy_group_at_exit() -> None:
@@ -36,6 +36,20 @@ def destroy_group_at_exit() -> None:
     if not _registered:
         atexit.register(_destroy)
         _registered = True
+
+
+def mark_failed() -> None:
+    """Say that this process ends with an error: at exit it leaves the process group without waiting for its peers.
+
+    ``sss``'s ``main()`` calls it for an error it reports as one line (no uncaught exception reaches the
+    excepthook then): a peer still training would never reach the exit barrier, and the wait took 60 s
+    before the peers learnt of the failure.
+
+    Example:
+        >>> mark_failed()  # the exit handler of `destroy_group_at_exit` skips its barrier (none without a group)
+    """
+    global _failed
+    _failed = True
 
 
 def _destroy() -> None:

@@ -1,5 +1,6 @@
 """What `SSSTrainer.load_checkpoint` decides before and while it restores: may this run resume that
-checkpoint, and where in the epoch a resume on another process count (``trainer.resume_resize``) starts."""
+checkpoint, and where in the epoch a resume on another process count (``trainer.resume_resize``) starts;
+and what `SSSTrainer.save_checkpoint` records in the marker for it (`marker_meta`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from accelerate import Accelerator
 
 from sss import checkpoint as ckpt_io
 from sss.config import ConfigError, TrainerConfig
+from sss.trainer.state import TrainState
 
-__all__ = ["check_resumable", "restore_rng_and_position"]
+__all__ = ["check_resumable", "marker_meta", "restore_rng_and_position"]
 
 
 def check_resumable(path: Path, meta: dict[str, Any], config: TrainerConfig, procs: int, record: dict) -> None:
@@ -72,3 +74,39 @@ def restore_rng_and_position(path: Path, meta: dict[str, Any], accelerator: Acce
     return ckpt_io.resized_resume_batch(
         meta["resume_batch"], saved_procs, procs, split_batches=accelerator.split_batches
     )
+
+
+def marker_meta(
+    state: TrainState,
+    position: tuple[int, int],
+    callbacks: list[dict[str, Any]],
+    num_processes: int,
+    config: dict[str, Any],
+    resized: list[dict[str, int]],
+) -> dict[str, Any]:
+    """The content of a checkpoint's ``trainer_state.json`` (the manifest is added by `sss.checkpoint.write_marker`).
+
+    `position` is ``(resume_epoch, resume_batch)``: where a resume continues. Every value has the type and range
+    the marker schema checks on load (`sss._marker`).
+
+    Example:
+        >>> meta = marker_meta(TrainState(global_step=3), (0, 3), [], 1, {}, [])
+        >>> meta["global_step"], meta["resume_batch"], "resized_from" in meta
+        (3, 3, False)
+    """
+    return {
+        "global_step": state.global_step,
+        "skipped_steps": state.skipped_steps,
+        "batch_splits": state.batch_splits,
+        "epoch": state.epoch,
+        "batch_idx": state.batch_idx,
+        "resume_epoch": position[0],
+        "resume_batch": position[1],
+        "samples": state.samples,
+        "metrics": state.metrics,
+        "callbacks": callbacks,
+        "num_processes": num_processes,
+        "config_hash": ckpt_io.config_hash(config),
+        "config": config,
+        **({"resized_from": resized} if resized else {}),
+    }

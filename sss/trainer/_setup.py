@@ -61,6 +61,19 @@ def resolve_precision(choice: str, device: torch.device) -> str:
         >>> resolve_precision("auto", torch.device("cpu"))
         'no'
     """
+    if choice == "fp16" and device.type == "cpu":
+        import warnings
+
+        from sss.warnings import SSSWarning
+
+        # Accelerate has no fp16 autocast (and no loss scaling) on a CPU: the run is fp32, so it is recorded as "no".
+        warnings.warn(
+            "trainer.mixed_precision=fp16 has no effect on a CPU: this run trains in fp32 and records precision 'no' "
+            "(bf16 is the CPU's mixed precision)",
+            SSSWarning,
+            stacklevel=2,
+        )
+        return "no"
     if choice != "auto":
         return choice
     if device.type != "cuda":

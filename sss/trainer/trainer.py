@@ -7,6 +7,7 @@ distributed type. The map of events is in the `Event` docstring (``sss/callbacks
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import shutil
@@ -30,7 +31,7 @@ from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_va
 from sss.trainer._logging import ModuleLogs, stamp
 from sss.trainer._oom import SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
-from sss.trainer._resume import check_resumable, restore_rng_and_position
+from sss.trainer._resume import check_resumable, marker_meta, restore_rng_and_position
 from sss.trainer._setup import (
     build_accelerator,
     build_optimizer,
@@ -40,10 +41,11 @@ from sss.trainer._setup import (
     use_cpu,
     with_overrides,
 )
+from sss.trainer._stop import EvaluationStopped, StopRequest
 from sss.trainer.module import LitModule, compute_metrics
 from sss.trainer.state import TrainState
 
-__all__ = ["SSSTrainer", "resolve_precision", "use_cpu"]
+__all__ = ["EvaluationStopped", "SSSTrainer", "resolve_precision", "use_cpu"]
 
 
 class _StepRouter(nn.Module):
@@ -134,8 +136,10 @@ class SSSTrainer:
         self.scheduler: Any = None
         self.total_steps = 0
         """Optimizer steps this fit will run (0 when unknown: an unsized loader without max_steps)."""
+        self.stop = StopRequest()
+        """A stop asked by a signal (the checkpoint callback's handler): the loop leaves an evaluation pass for it."""
         self._grads_checked = False
-        self._epoch_finished = False
+        self._epoch_finished = self._epoch_counted = False
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
         self._run_batch: Any = self._forward_backward  # a SplittingRunner under trainer.auto_batch_size
@@ -179,7 +183,7 @@ class SSSTrainer:
 
     def _train_epoch(self, loader: Any, val_loader: Any) -> None:
         state, cfg = self.state, self.config
-        state.stage, self._epoch_finished = "fit", False
+        state.stage, self._epoch_finished, self._epoch_counted = "fit", False, False
         self.model.train()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(state.epoch)  # data order is a function of (seed, epoch): resumable
@@ -207,10 +211,12 @@ class SSSTrainer:
         ending = last_epoch or state.should_stop or self._max_steps_reached()
         due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
         if val_loader is not None and (due or ending) and not self._step_validated():
-            self._evaluate(val_loader, "val")
+            with contextlib.suppress(EvaluationStopped):  # a signal: the checkpoint callback saves at EPOCH_END
+                self._evaluate(val_loader, "val")
         self._fire(Event.EPOCH_END)
         if self._epoch_finished:
             state.epoch += 1
+            self._epoch_counted = True
 
     def _epoch_batches(self, loader: Any, start: int) -> Iterator[tuple[int, Any]]:
         limit = self.config.limit_train_batches
@@ -252,7 +258,8 @@ class SSSTrainer:
         # RNG, and one left early (limit_val_batches) stays on Accelerate's dataloader stack, where it would
         # hide the end of the training loader (the last window's sync).
         rng, stack = ckpt_io.get_rng_state(), list(self.accelerator.gradient_state.dataloader_references)
-        self._evaluate(self._val_loader, "val")
+        with contextlib.suppress(EvaluationStopped):  # a signal: the checkpoint callback saves at BATCH_END
+            self._evaluate(self._val_loader, "val")
         self.accelerator.gradient_state.dataloader_references = stack
         ckpt_io.set_rng_state(rng)
 
@@ -387,6 +394,10 @@ class SSSTrainer:
                 outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
                 for key, value in outputs.items():
                     chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
+                if self.stop.agreed(self.accelerator):  # a signal: leave after this batch, keeping nothing of the pass
+                    self.model.train(was_training)
+                    state.stage, self.stop.during = previous, self.stop.during or "validation"
+                    raise EvaluationStopped(prefix)
         joined = {key: torch.cat(values) for key, values in chunks.items()}
         metrics = {f"{prefix}/{k}": v for k, v in self._compute_metrics(joined).items()} if joined else {}
         metrics = self._logs.end_eval(state, self.accelerator, prefix, metrics)  # self.log values: <prefix>/<name>
@@ -462,7 +473,7 @@ class SSSTrainer:
         (`sss.checkpoint.seed_missing_rng`).
         """
         path = Path(path)
-        meta = ckpt_io.verify_checkpoint(path)
+        meta = ckpt_io.verify_checkpoint(path, resume=True)
         check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record())
         ckpt_io.check_no_code_on_load(path)
         self.accelerator.load_state(str(path))
@@ -491,29 +502,14 @@ class SSSTrainer:
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         state = self.state
-        config = self._config_record()
         # the process-count changes since step 0 (trainer.resume_resize), when this fit resumed one
         kept_state, resized = self._resize_history
+        position = (state.epoch, state.batch_idx + 1)
+        if self._epoch_finished:  # the next epoch's start, which state.epoch counts once EPOCH_END has run
+            position = (state.epoch + (not self._epoch_counted), 0)
+        callbacks = [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks]
         resized = resized if kept_state is state else []
-        resume_epoch, resume_batch = (
-            (state.epoch + 1, 0) if self._epoch_finished else (state.epoch, state.batch_idx + 1)
-        )
-        return {
-            "global_step": state.global_step,
-            "skipped_steps": state.skipped_steps,
-            "batch_splits": state.batch_splits,
-            "epoch": state.epoch,
-            "batch_idx": state.batch_idx,
-            "resume_epoch": resume_epoch,
-            "resume_batch": resume_batch,
-            "samples": state.samples,
-            "metrics": state.metrics,
-            "callbacks": [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks],
-            "num_processes": self.accelerator.num_processes,
-            "config_hash": ckpt_io.config_hash(config),
-            "config": config,
-            **({"resized_from": resized} if resized else {}),
-        }
+        return marker_meta(state, position, callbacks, self.accelerator.num_processes, self._config_record(), resized)
 
     # ------------------------------------------------------------------ set-up
     def _setup_fit(self, module: LitModule, datamodule: Any, train: Any, val: Any) -> tuple[Any, Any]:

@@ -186,6 +186,8 @@ def test_with_two_processes_only_the_main_one_pushes(hub, tmp_path):
     assert hub.whoami_calls == 1 and list(hub.repos) == [REPO]
     assert rank0["pushed"] == expected and rank0["errors"] == []
     assert rank1["pushed"] == [] and rank1["errors"] == [] and rank1["step"] == rank0["step"] == 4
+    # every process enters the weight gather (a collective under FSDP / ZeRO-3), not only the one that pushes
+    assert rank0["gathers"].count("hub.py:on_fit_end") == rank1["gathers"].count("hub.py:on_fit_end") == 1
     # the pushed model is the trained one, equal on both ranks
     weights = load_safetensors(hub.commits[-1]["files"]["model.safetensors"])
     assert sorted(weights) == sorted(rank0["params"])

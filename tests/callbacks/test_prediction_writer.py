@@ -132,7 +132,8 @@ def test_sss_predict_writes_each_batch_before_the_next(tmp_path, monkeypatch):
     relative = run_predict._relative
 
     def watch(paths, index, root):  # called for each row as it is written: how far is the CSV on disk?
-        lines_at[index] = len(out.read_text().splitlines()) if out.exists() else None
+        part = out.with_name(out.name + ".partial")  # rows stream to the partial file, renamed when complete
+        lines_at[index] = len(part.read_text().splitlines()) if part.exists() else None
         return relative(paths, index, root)
 
     monkeypatch.setattr(run_predict, "_relative", watch)

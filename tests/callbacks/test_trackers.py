@@ -118,3 +118,71 @@ def test_wandb_offline_writes_its_run_folder_and_a_resume_continues_the_run_id(t
     )
     kwargs = logger._run_kwargs(first)["wandb"]
     assert kwargs["id"] == run_id and kwargs["resume"] == "allow"  # what wandb.init gets on a resume
+
+
+BORING = "model: {_target_: sss.testing.BoringModule}\ndata: {_target_: sss.testing.BoringDataModule}\n"
+MANIFEST = str(Path(__file__).parents[2] / "examples" / "manifest.yaml")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_mlflow_server_that_is_down_fails_in_seconds_in_one_line_without_the_password(monkeypatch, capsys):
+    # Without the pre-flight: MLflow's client retries for minutes, then `MlflowException (unexpected)`; these two
+    # variables only shorten that, so that a run without the pre-flight fails this test quickly.
+    from sss.cli import main
+
+    port = _closed_port()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://user:password@127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    Path("run.yaml").write_text(BORING)
+    started = time.monotonic()
+    code = main(
+        ["fit", "run.yaml", "trainer.max_steps=2", "trainer.log.trackers=[csv,mlflow]", "trainer.log.progress=false"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and time.monotonic() - started < 60
+    assert err == (
+        f"error: trainer.log.trackers has mlflow, and nothing answered at its tracking server http://user:***@127.0.0.1:"
+        f"{port}: connection refused. Start the server, or set MLFLOW_TRACKING_URI to one that runs, or remove mlflow "
+        "from trainer.log.trackers\n"
+    )
+
+
+def test_the_pre_flight_connects_through_the_proxy_and_leaves_local_stores_alone(monkeypatch):
+    from sss._preflight import TrackerUnreachableError, check_trackers
+
+    proxy = _closed_port()
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy}")  # what MLflow's client (requests) would go through
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.invalid:5000")
+    with pytest.raises(
+        TrackerUnreachableError, match=rf"through the proxy 127\.0\.0\.1:{proxy} .*: connection refused"
+    ):
+        check_trackers(["mlflow"])
+    check_trackers(["mlflow"], is_main_process=False)  # only the main process starts the trackers
+    for local in ("sqlite:///mlflow.db", "file:./mlruns"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", local)
+        check_trackers(["csv", "mlflow"])
+
+
+def test_the_error_line_and_warnings_show_no_url_password(capsys):
+    import warnings
+
+    from sss.cli import main
+    from sss.warnings import SSSWarning, use_short_format
+
+    # data.root is echoed in the error line (a path keeps one slash of "http://": the password is still there)
+    code = main(["fit", MANIFEST, "data.root=http://user:password@example.com/x", "trainer.log.progress=false"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and err.startswith("error: ")
+    assert "password" not in err and "user:***@example.com" in err, err
+    use_short_format()
+    mine = warnings.formatwarning("http://me:password@host did not answer", SSSWarning, "x.py", 1, "")
+    other = warnings.formatwarning("proxy https://token@proxy:3128 refused", UserWarning, "x.py", 1, "")
+    assert mine == "sss: warning: http://me:***@host did not answer\n"
+    assert "https://***@proxy:3128 refused" in other and "token" not in other

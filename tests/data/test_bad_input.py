@@ -7,6 +7,7 @@ must load with correct values instead.
 from __future__ import annotations
 
 import csv
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -116,6 +117,11 @@ def _directory(r: Path) -> tuple[str, str]:
     return "folder.png,good.wav,a,mask.png,ev.tsv", r"image path .*folder\.png is a directory, not a file"
 
 
+def _fifo_audio(r: Path) -> tuple[str, str]:
+    os.mkfifo(r / "pipe.wav")  # opening it would wait for a writer forever: refused from os.stat alone
+    return "good.png,pipe.wav,a,mask.png,ev.tsv", r"audio path .*pipe\.wav is a named pipe \(FIFO\), not a regular file"
+
+
 def _unknown_label(r: Path) -> tuple[str, str]:
     return "good.png,good.wav,zebra,mask.png,ev.tsv", r"unknown label 'zebra' \(classes: a, b\)"
 
@@ -205,6 +211,10 @@ MANIFEST_KINDS: dict[str, tuple[bytes, str]] = {
         r"train\.csv, line 2: not UTF-8",
     ),
     "label_and_labels": (b"image,audio,label,labels\ngood.png,good.wav,a,a\n", r"both label and labels columns"),
+    "duplicate_column": (
+        b"image,audio,label,image\ngood.png,good.wav,a,mask.png\n",
+        r"train\.csv: column 'image' appears twice in the header \(image,audio,label,image\); keep one",
+    ),
 }
 
 

@@ -20,6 +20,7 @@ from sss.checkpoint import complete_checkpoints
 from sss.cli import main
 from sss.config import ConfigError
 from sss.run.launch import launch_command
+from sss.testing import subprocess_env
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"  # fit_pause.py: the Pause callback and a model with dropout
 CONFIG = """\
@@ -32,7 +33,7 @@ trainer:
   log: {progress: false, trackers: [], plots: false}
   checkpoint: {every_n_steps: 2, keep_last: 2}
 """
-ENV = {**os.environ, "MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS)}
+ENV = subprocess_env(SCRIPTS, MKL_CBWR="AUTO,STRICT", OMP_NUM_THREADS="1")  # the checkout's sss, then scripts
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from sss.checkpoint import complete_checkpoints
 from sss.run.cluster import REQUEUE_EXIT_CODE, ClusterError, env_launch_args, first_host, slurm_launch_args
+from sss.testing import subprocess_env
 
 ROOT = Path(__file__).parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
@@ -179,8 +180,8 @@ def _job(cwd: Path, *words: str, machines: int = 1, timeout: str = "300") -> sub
     cwd.mkdir(parents=True, exist_ok=True)
     (cwd / "run.yaml").write_text(CONFIG)
     slurm = {**TWO_NODES, "SLURM_NNODES": str(machines), "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "1"}
-    env = {**os.environ, **slurm, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    env |= {"MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS), "HF_HOME": str(cwd / "hf")}
+    env = subprocess_env(SCRIPTS, **slurm, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # the checkout's sss
+    env |= {"MKL_CBWR": "AUTO,STRICT", "OMP_NUM_THREADS": "1", "HF_HOME": str(cwd / "hf")}
     command = [sys.executable, "-m", "sss.run.cluster", "launch", "--source", "slurm", "--rendezvous-timeout", timeout]
     command += ["-m", "sss", "fit", "run.yaml", "--resume", "auto", *words]
     log = (cwd / "output.txt").open("ab")

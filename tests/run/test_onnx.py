@@ -149,3 +149,23 @@ def test_missing_extra_and_cli_misuse_are_one_line(tmp_path, monkeypatch, capsys
     preds = tmp_path / "preds.csv"
     assert main(["predict", str(folder), "--input", "x.csv", "--output", str(preds), "--runtime", "onnx"]) == 1
     assert "holds no model.onnx: write one with sss export ... --format onnx" in capsys.readouterr().err
+
+
+class _Drifting(torch.nn.Module):  # exports its first call's constant; PyTorch's later calls add others
+    modalities = ("image",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, batch):
+        self.calls += 1
+        return batch["image"].flatten(1)[:, :4] + 0.01 * self.calls
+
+
+def test_a_graph_that_differs_from_pytorch_beyond_the_tolerance_is_refused_and_not_kept(tmp_path):
+    # The check is the export's promise ("checked against PyTorch"): a graph off by 0.01 or more must not pass.
+    refused = r"model\.onnx: the ONNX graph of _Drifting differs from PyTorch by .*--format safetensors"
+    with pytest.raises(OnnxExportError, match=refused):
+        write_onnx(_Drifting(), tmp_path, {"image_size": 4})
+    assert not (tmp_path / "model.onnx").exists()

@@ -20,6 +20,7 @@ from sss.cli import main
 from sss.config import load_config
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "industrial.yaml")
+MANIFEST = str(Path(__file__).parents[2] / "examples" / "manifest.yaml")
 SCRIPTS = Path(__file__).parents[1] / "scripts"  # ray_kill.py: the KillPoint callback
 # 48 samples / (2 workers x 8) = 3 steps an epoch; a checkpoint at each epoch's end (the example's every_epoch)
 SHORT = [
@@ -148,3 +149,79 @@ def test_ray_flags_and_a_missing_ray_are_one_line_errors(capsys, monkeypatch):
     assert main(["fit", "run.yaml", "--engine", "ray", "--num-workers", "2"]) == 1
     assert capsys.readouterr().err == "error: sss fit --engine ray needs Ray: pip install 'shadow-sound-hunter[ray]'\n"
     assert not Path("runs").exists()  # refused before anything was written
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_ray_address_where_nothing_listens_fails_in_seconds_in_one_line(capsys, monkeypatch):
+    import ray
+
+    # ray.init would wait there for minutes; the module's local instance may be up, but this run starts its own
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    Path("run.yaml").write_text(
+        "model: {_target_: sss.testing.BoringModule}\ndata: {_target_: sss.testing.BoringDataModule}\n"
+    )
+    port, started = _closed_port(), time.monotonic()
+    assert main(["fit", "run.yaml", "--engine", "ray", "--num-workers", "1", "--ray-address", f"127.0.0.1:{port}"]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --ray-address 127.0.0.1:{port}: no Ray cluster answered at 127.0.0.1:{port} (connection refused; "
+        f"a 5 s check). Start one there (`ray start --head --port {port}`), or give the address `ray start` "
+        "printed, or drop --ray-address for a local Ray instance\n"
+    )
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://user:password@127.0.0.1:{port}")  # Ray's own variable, a password in it
+    assert main(["fit", "run.yaml", "--engine", "ray", "--num-workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: RAY_ADDRESS ray://user:***@127.0.0.1:{port}: no Ray cluster answered")
+        and "--ray-client" in err
+    )
+    assert time.monotonic() - started < 60 and not Path("runs").exists()
+
+
+@pytest.mark.slow
+def test_an_undecodable_wav_stops_the_ray_run_at_once_with_its_line_despite_max_failures(
+    ray_instance, capsys, tmp_path
+):
+    import numpy as np
+    import soundfile as sf
+
+    root = tmp_path / "ds"
+    root.mkdir()
+    rows = ["audio,label"]
+    for i in range(6):
+        sf.write(root / f"a{i}.wav", 0.3 * np.sin(np.arange(8000) * (0.1 + i / 50)), 16000, subtype="PCM_16")
+        rows.append(f"a{i}.wav,{'ab'[i % 2]}")
+    (root / "bad.wav").write_bytes(np.random.default_rng(0).bytes(3000))
+    rows.insert(3, "bad.wav,a")
+    (root / "train.csv").write_text("\n".join(rows) + "\n")
+    overrides = [f"data.root={root}", "model.name=hunter_tiny", "data.num_workers=0", "data.batch_size=2"]
+    overrides += [
+        "data.clip_seconds=0.5",
+        "trainer.max_steps=8",
+        "trainer.log.trackers=[csv]",
+        "trainer.log.progress=false",
+    ]
+    overrides += ["trainer.log.plots=false", "trainer.mixed_precision=no"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSS_CACHE", str(ray_instance))
+        assert main(["fit", MANIFEST, *overrides, f"trainer.output_dir={tmp_path / 'one'}"]) == 1
+        alone = capsys.readouterr().err  # the 1-process run's line
+        assert alone.startswith(f"error: {root / 'train.csv'}, line 4: audio file") and alone.count("\n") == 1
+        codes: list[int] = []
+        flags = ["--engine", "ray", "--num-workers", "1", "--max-failures", "-1"]
+        run = threading.Thread(
+            target=lambda: codes.append(
+                main(["fit", MANIFEST, *overrides, f"trainer.output_dir={tmp_path / 'ray'}", *flags])
+            ),
+            daemon=True,
+        )
+        run.start()
+        run.join(timeout=300)  # restarted forever without the fix: Ray's instance ends with the module
+    assert codes == [1], "the Ray run was still restarting after 300 s"
+    assert capsys.readouterr().err == alone  # that line, once, and its exit code

@@ -182,7 +182,7 @@ def test_two_processes_agree_write_once_and_leave_the_run_as_it_was(tmp_path, mo
         "  optim: {optimizer: {_target_: torch.optim.AdamW, lr: 0.01}}}\n"
     )
     launched = []
-    monkeypatch.setattr("sss.run.launch.relaunch", lambda n, args: launched.append((n, args)) or 0)
+    monkeypatch.setattr("sss.run.launch.relaunch", lambda n, args, *_: launched.append((n, args)) or 0)
     flags = ["--steps", "20", "--min-lr", "1e-4", "--apply", "--num-processes", "2"]
     assert main(["tune", "lr", str(config), f"trainer.output_dir={tmp_path}/tune_run", *flags]) == 0
     [(processes, args)] = launched  # what each of the 2 processes runs: the script below runs exactly that

@@ -4,8 +4,9 @@
 
 Trains `BoringModule` (seeded, so every run starts from the same weights) for 2 epochs on 56
 shuffled samples with per-process batch BATCH and ACCUM micro-batches per optimizer step, with
-AdamW, clipping and a cosine schedule. Each process saves its final parameters, the LR and the
-counters to ``OUT.<rank>`` (torch.save).
+AdamW, clipping and a cosine schedule. Each process saves its final parameters, the LR, the
+counters and its gradients inside the accumulation windows and at their sync steps to ``OUT.<rank>``
+(torch.save).
 """
 
 from __future__ import annotations
@@ -16,13 +17,35 @@ import torch
 from accelerate import PartialState
 from torch.utils.data import DataLoader
 
-from sss import SSSTrainer
+from sss import Callback, SSSTrainer
 from sss.testing import BoringDataset, BoringModule
 
+
+def _grads(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.detach().flatten() for p in module.parameters()])
+
+
+class GradProbe(Callback):
+    """This process's gradients inside a window (no_sync: its own) and at the window's sync (all-reduced)."""
+
+    def __init__(self) -> None:
+        self.inside: list[torch.Tensor] = []
+        self.synced: list[torch.Tensor] = []
+
+    def on_batch_end(self, trainer, module) -> None:
+        if not trainer.accelerator.sync_gradients:  # a micro-batch before the window's last
+            self.inside.append(_grads(module))
+
+    def on_after_backward(self, trainer, module) -> None:
+        self.synced.append(_grads(module))
+
+
 batch, accum, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+probe = GradProbe()
 torch.manual_seed(0)
 module = BoringModule()
 trainer = SSSTrainer(
+    callbacks=[probe],
     max_epochs=2,
     gradient_accumulation_steps=accum,
     cpu=True,
@@ -42,6 +65,8 @@ result = {
     "step": trainer.state.global_step,
     "samples": trainer.state.samples,
     "processes": trainer.accelerator.num_processes,
+    "inside": probe.inside,
+    "synced": probe.synced,
 }
 torch.save(result, f"{out}.{trainer.accelerator.process_index}")
 state = PartialState()

@@ -141,6 +141,8 @@ def test_split_batch_splits_nested_dicts_and_lists_and_keeps_settings():
 
 @pytest.mark.slow
 def test_compile_trains_like_eager():
+    from torch._dynamo.utils import counters
+
     settings = {"max_steps": 4, "seed": 0}
     torch.manual_seed(0)
     eager = BoringModule()
@@ -148,7 +150,12 @@ def test_compile_trains_like_eager():
     torch.manual_seed(0)
     compiled = BoringModule()
     t = trainer(compile=True, **settings)
+    torch._dynamo.reset()  # no graph cached by an earlier test: this fit must capture its own
+    counters.clear()
     t.fit(compiled, train_dataloaders=boring_loader(n=32))
+    # compilation happened (a fit that skipped it trains like eager too): dynamo captured the module's forward
+    assert counters["stats"]["unique_graphs"] >= 1 and counters["frames"]["ok"] >= 1, dict(counters["frames"])
+    assert compiled._compiled_call_impl is not None
     torch.testing.assert_close(params(compiled), params(eager), rtol=1e-5, atol=1e-6)
     assert sorted(compiled.state_dict()) == sorted(eager.state_dict())  # checkpoints keep their names
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from sss import SSSTrainer
 from sss.checkpoint import resized_resume_batch, seed_missing_rng, verify_checkpoint
 from sss.config import ConfigError
+from sss.testing import subprocess_env
 from sss.trainer._resume import check_resumable
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
@@ -39,7 +39,7 @@ RESIZED = "the data position is restored by samples seen; the result is not bitw
 def runs(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("resize")
     (cwd / "run.yaml").write_text(CONFIG)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS), "HF_HOME": str(cwd / "hf")}
+    env = subprocess_env(SCRIPTS, OMP_NUM_THREADS="1", HF_HOME=str(cwd / "hf"))  # the checkout's sss, then scripts
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "resize_runs.py"), "run.yaml"],
         cwd=cwd,
