@@ -1,7 +1,8 @@
 """The folder lock: one run at a time in a folder (``OUTPUT_DIR``, a checkpoints folder).
 
 `lock_folder` takes an ``fcntl.flock`` on ``FOLDER/.sss.lock``, whose body names the holder (pid, host,
-start, command). Re-exported by `sss.checkpoint`, where the run layer and the checkpoint callback find it.
+start, command). Below the run folder's policy (`sss.run.folder`); re-exported by `sss.checkpoint`, where
+the checkpoint callback finds it.
 """
 
 from __future__ import annotations
@@ -111,21 +112,26 @@ def lock_folder(folder: str | Path, what: str = "run") -> FolderLock:
         if not _same_file(fd, path):  # its holder removed it between our open and our flock
             os.close(fd)
             continue
-        holder = _read_holder(fd)
-        if holder:
-            ended = "which ended without releasing it"
-            print(f"sss: {folder}: taking over the lock of {_describe(holder)}, {ended}", flush=True)
-        body = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": shlex.join(sys.argv),
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(body).encode(), 0)
+        _write_holder(fd, folder)
         lock = _HELD[os.path.realpath(path)] = FolderLock(path, fd)
         return lock
     raise FolderInUseError(f"{folder}: could not take {path}: other runs keep taking and releasing it")
+
+
+def _write_holder(fd: int, folder: Path) -> None:
+    # This process's name into the lock file it holds now, after a notice when a run that ended left its own there.
+    holder = _read_holder(fd)
+    if holder:
+        ended = "which ended without releasing it"
+        print(f"sss: {folder}: taking over the lock of {_describe(holder)}, {ended}", flush=True)
+    body = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(sys.argv),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(body).encode(), 0)
 
 
 def _flock_within(fd: int, seconds: float) -> None:

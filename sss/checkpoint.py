@@ -1,18 +1,20 @@
-"""The checkpoint folder format: marker and manifest, atomic commits, verification, rotation, the folder lock.
+"""The checkpoint folder format: marker and manifest, atomic commits, verification, rotation, RNG states.
 
-The trainer writes and reads checkpoints, the checkpoint callback rotates them and the run layer
-finds them: all three use this module rather than repeating the file names.
+The trainer writes and reads checkpoints, the checkpoint callback rotates them and the run folder
+(`sss.run.folder`) finds them: all three use this module rather than repeating the file names, and
+none reads a checkpoint's files but through it. torch is imported by the functions that load or
+seed (``sss check`` finds checkpoints without loading it).
 
 A checkpoint folder is complete when it holds a ``trainer_state.json`` that parses (written last)
 under its final name. It is written as ``<name>.tmp``, every file is fsynced, and only then
 renamed, so a crash at any moment leaves either the previous complete checkpoint or the new one.
 The marker records every other file of the folder with its size and CRC32 (``files``); a
 checkpoint is loaded only after `verify_checkpoint` found each of them intact and the marker's
-values valid (`sss._marker`). Rotation deletes the marker first, so a half-deleted folder is never
-taken for a checkpoint.
+values valid (`sss._marker`), once per resume (`verify_for_resume`). Rotation deletes the marker
+first, so a half-deleted folder is never taken for a checkpoint.
 
-`lock_folder` (from `sss._lock`) gives one run at a time a folder (``OUTPUT_DIR``, a checkpoints
-folder): an ``fcntl.flock`` on ``.sss.lock``, which also names the holder (pid, host, start, command).
+The folder lock (`lock_folder`: one run at a time in ``OUTPUT_DIR`` or a checkpoints folder) is
+`sss._lock`'s, re-exported here for the checkpoint callback; which folder a run takes is `sss.run.folder`'s.
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ import re
 import shutil
 import zlib
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, NamedTuple
 
 from sss._config_diff import config_differences, config_hash
 from sss._lock import LOCK, FolderInUseError, FolderLock, folder_holder, lock_folder
@@ -41,6 +41,7 @@ __all__ = [
     "FolderInUseError",
     "FolderLock",
     "UnsafeCheckpointError",
+    "VerifiedCheckpoint",
     "check_no_code_on_load",
     "check_rng_restored",
     "checkpoint_step",
@@ -50,9 +51,10 @@ __all__ = [
     "config_hash",
     "folder_holder",
     "get_rng_state",
-    "holds_run",
     "lock_folder",
+    "newest_resumable",
     "newest_verified",
+    "read_marker",
     "recover_leftovers",
     "remove_checkpoint",
     "resize_history",
@@ -61,6 +63,7 @@ __all__ = [
     "seed_missing_rng",
     "set_rng_state",
     "verify_checkpoint",
+    "verify_for_resume",
     "write_marker",
 ]
 
@@ -340,25 +343,90 @@ def _file_problem(file: Path, entry: dict[str, Any] | None) -> str | None:
     return None
 
 
-def newest_verified(folder: str | Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint in `folder` that a resume may take, and why each newer one failed.
+class VerifiedCheckpoint(NamedTuple):
+    """A checkpoint folder `verify_checkpoint` accepted for a resume in this process, and its marker; a path-like.
+
+    The run folder hands it to the trainer (``fit(ckpt_path=...)``), whose load checks no file again.
+
+    Example:
+        >>> import os
+        >>> found = VerifiedCheckpoint(Path("runs/x/checkpoints/step_0000004"), {"global_step": 4})
+        >>> os.fspath(found), found.meta["global_step"]
+        ('runs/x/checkpoints/step_0000004', 4)
+    """
+
+    path: Path
+    meta: dict[str, Any]
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:  # printed as the folder it is, as a path would be
+        return os.fspath(self.path)
+
+
+def verify_for_resume(checkpoint: str | os.PathLike) -> VerifiedCheckpoint:
+    """`checkpoint` verified for a resume (`verify_checkpoint` with ``resume=True``), unless it already was.
+
+    A `VerifiedCheckpoint` is returned as it is: a resume checks each file once, where its checkpoint
+    is chosen, not again where it is loaded.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> verify_for_resume(pathlib.Path(tempfile.mkdtemp()))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        sss.checkpoint.DamagedCheckpointError: ... is not a complete sss checkpoint (no trainer_state.json): ...
+    """
+    if isinstance(checkpoint, VerifiedCheckpoint):
+        return checkpoint
+    path = Path(checkpoint)
+    return VerifiedCheckpoint(path, verify_checkpoint(path, resume=True))
+
+
+def newest_resumable(folder: str | Path) -> tuple[VerifiedCheckpoint | None, list[str]]:
+    """The newest checkpoint in `folder` that a resume may take, verified, and why each newer one failed.
 
     That is the newest that `verify_checkpoint` accepts with ``resume=True``; a folder whose name and
     marker disagree on the step is among the failures, with the reason.
 
     Example:
-        >>> newest_verified("/nonexistent")
+        >>> newest_resumable("/nonexistent")
         (None, [])
     """
     damaged: list[str] = []
     for candidate in reversed(_step_folders(folder)):
         try:
-            verify_checkpoint(candidate, resume=True)
+            return VerifiedCheckpoint(candidate, verify_checkpoint(candidate, resume=True)), damaged
         except DamagedCheckpointError as exc:
             damaged.append(str(exc))
-            continue
-        return candidate, damaged
     return None, damaged
+
+
+def newest_verified(folder: str | Path) -> tuple[Path | None, list[str]]:
+    """The folder of `newest_resumable`'s checkpoint (None when none verifies), and why each newer one failed.
+
+    Example:
+        >>> newest_verified("/nonexistent")
+        (None, [])
+    """
+    found, damaged = newest_resumable(folder)
+    return (None if found is None else found.path), damaged
+
+
+def read_marker(checkpoint: str | Path) -> dict[str, Any]:
+    """The ``trainer_state.json`` of a checkpoint, parsed but not verified (one this run wrote, say).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> folder = pathlib.Path(tempfile.mkdtemp()); _ = (folder / MARKER).write_text('{"global_step": 4}')
+        >>> read_marker(folder)
+        {'global_step': 4}
+    """
+    meta = _read_marker(Path(checkpoint))
+    if meta is None:
+        raise DamagedCheckpointError(f"{Path(checkpoint) / MARKER} cannot be read as a checkpoint marker")
+    return meta
 
 
 def check_rng_restored(checkpoint: Path, process_index: int) -> None:
@@ -382,6 +450,7 @@ def check_rng_restored(checkpoint: Path, process_index: int) -> None:
     """
     import random
 
+    import torch
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
     file = checkpoint / rng_file(process_index)
@@ -453,6 +522,7 @@ def seed_missing_rng(checkpoint: Path, process_index: int) -> int:
     import random
 
     import numpy as np
+    import torch
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
     with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
@@ -503,6 +573,7 @@ def check_no_code_on_load(folder: Path) -> None:
         ...
         sss.checkpoint.UnsafeCheckpointError: .../custom_checkpoint_0.pkl would run code when loaded (...
     """
+    import torch
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
     for file in sorted(folder.rglob("*")):
@@ -558,6 +629,7 @@ def get_rng_state() -> dict[str, Any]:
     import random
 
     import numpy as np
+    import torch
 
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
@@ -568,27 +640,10 @@ def set_rng_state(saved: dict[str, Any]) -> None:
     import random
 
     import numpy as np
+    import torch
 
     random.setstate(saved["python"])
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
     if saved["cuda"] is not None:
         torch.cuda.set_rng_state_all(saved["cuda"])
-
-
-def holds_run(folder: str | Path) -> bool:
-    """Whether an output folder holds a run: its results, a complete checkpoint, or a live run's lock.
-
-    A fresh ``sss fit`` with the default ``runs/<name>`` moves on to ``runs/<name>_1`` while this is true.
-
-    Example:
-        >>> holds_run("/nonexistent")
-        False
-    """
-    folder = Path(folder)
-    return (
-        (folder / "results.json").exists()
-        or bool(complete_checkpoints(folder / "checkpoints"))
-        or folder_holder(folder) is not None
-        or folder_holder(folder / "checkpoints") is not None  # a Python fit's checkpoint callback
-    )

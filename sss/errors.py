@@ -1,8 +1,9 @@
 """`SSSError`: the base of the errors that sss raises for the user to fix, each with its exit code.
 
-A config problem (`sss.config.ConfigError`), a bad input file (`sss.data.DataError`) or a failed
-Hub push after a finished run (`HubPushError`) or a checkpoint a Hub resume cannot fetch
-(`HubResumeError`) subclasses `SSSError`, so the ``sss`` command
+A config problem (`sss.config.ConfigError`), a bad input file (`sss.data.DataError`), a failed
+Hub push after a finished run (`HubPushError`), a checkpoint a Hub resume cannot fetch
+(`HubResumeError`) or a run folder that cannot be used as asked (`RunFolderError`) subclasses
+`SSSError`, so the ``sss`` command
 prints its message as one ``error:`` line and exits with `SSSError.exit_code` instead of
 showing a traceback (``sss --traceback ...`` or ``SSS_DEBUG=1`` shows it).
 
@@ -11,7 +12,7 @@ This module imports nothing, so every layer of sss may use it.
 
 from __future__ import annotations
 
-__all__ = ["HubPushError", "HubResumeError", "SSSError"]
+__all__ = ["HubPushError", "HubResumeError", "RunFolderError", "SSSError"]
 
 
 class SSSError(Exception):
@@ -47,5 +48,18 @@ class HubResumeError(SSSError):
 
     Example:
         >>> HubResumeError("--resume hub://me/model: ...").exit_code
+        1
+    """
+
+
+class RunFolderError(SSSError):
+    """The run folder cannot be used as asked: ``--resume`` finds nothing to continue, a finished run, or a
+    damaged checkpoint given by path; nothing was trained and no file was changed.
+
+    Raised by `sss.run.folder` (and so by `sss.run.fit.run_fit`) instead of ending the process: ``sss fit``
+    prints it as one ``error:`` line and exits with 1, a Python caller catches it.
+
+    Example:
+        >>> RunFolderError("--resume: no complete checkpoint in runs/x/checkpoints").exit_code
         1
     """

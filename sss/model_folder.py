@@ -322,24 +322,7 @@ def _model_card(
         prep.get("task") or "", "single-label classification"
     )
     t = cfg.trainer
-    limits = " / ".join(f"{v} {unit}" for unit, v in (("epochs", t.max_epochs), ("steps", t.max_steps)) if v)
-    used = metrics.get("mixed_precision")
-    if "global_step" in metrics:
-        ran = (
-            f"{metrics['global_step']} optimizer steps, {metrics.get('epochs_completed', '?')} epoch(s) completed"
-            + (f" and {into} batch(es) of the next" if (into := metrics.get("batches_into_epoch")) else "")
-            + f", {metrics.get('skipped_steps', 0)} skipped steps"
-            + (f", {metrics['samples_total']} samples" if "samples_total" in metrics else "")
-            + (f" on {metrics['num_processes']} process(es)" if "num_processes" in metrics else "")
-            + f" (limits: {limits} max)"
-        )
-    else:
-        ran = f"up to {limits} (as configured; the steps run are not recorded here)"
-    if used is not None:
-        precision = f"precision {used}" + (" (fp32)" if used == "no" else "")
-        precision += f" (configured {t.mixed_precision})" if t.mixed_precision != used else ""
-    else:
-        precision = f"precision {t.mixed_precision} (as configured)"
+    ran, precision = _what_ran(metrics, t), _precision(metrics, t)
     version = metrics.get("sss_version", __version__)
     commit = f", commit `{metrics['git_commit']}`" if metrics.get("git_commit") else ""
     when = (
@@ -365,6 +348,30 @@ def _model_card(
         + (f" (local paths left out: {', '.join(dropped)})" if dropped else "")
         + ".\n"
     )
+
+
+def _what_ran(metrics: dict[str, Any], t: Any) -> str:
+    # The model card's account of the training: what `sss fit` recorded, else the configured limits.
+    limits = " / ".join(f"{v} {unit}" for unit, v in (("epochs", t.max_epochs), ("steps", t.max_steps)) if v)
+    if "global_step" not in metrics:
+        return f"up to {limits} (as configured; the steps run are not recorded here)"
+    return (
+        f"{metrics['global_step']} optimizer steps, {metrics.get('epochs_completed', '?')} epoch(s) completed"
+        + (f" and {into} batch(es) of the next" if (into := metrics.get("batches_into_epoch")) else "")
+        + f", {metrics.get('skipped_steps', 0)} skipped steps"
+        + (f", {metrics['samples_total']} samples" if "samples_total" in metrics else "")
+        + (f" on {metrics['num_processes']} process(es)" if "num_processes" in metrics else "")
+        + f" (limits: {limits} max)"
+    )
+
+
+def _precision(metrics: dict[str, Any], t: Any) -> str:
+    # The precision Accelerate used, when recorded (fp16 on a CPU runs as "no"), else the configured one.
+    used = metrics.get("mixed_precision")
+    if used is None:
+        return f"precision {t.mixed_precision} (as configured)"
+    precision = f"precision {used}" + (" (fp32)" if used == "no" else "")
+    return precision + (f" (configured {t.mixed_precision})" if t.mixed_precision != used else "")
 
 
 def load_model(folder: str | Path, device: str | torch.device = "cpu", trust_code: bool = False) -> torch.nn.Module:

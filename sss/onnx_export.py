@@ -173,13 +173,7 @@ def write_onnx(module: nn.Module, folder: str | Path, prep: Mapping[str, Any], o
     except Exception as exc:  # the exporters raise many types; each becomes one line naming the op or module
         raise OnnxExportError(_explain(module, exc)) from exc
     _save(onnx_program, path, module)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    diff = 0.0
-    with torch.no_grad():
-        for i, size in enumerate(CHECK_BATCHES):
-            inputs = example_inputs(module, prep, batch=size, seed=i + 1)
-            got = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
-            diff = max(diff, float((torch.from_numpy(got) - graph(*inputs.values())).abs().max()))
+    diff = _max_difference(path, graph, module, prep)
     if not diff <= TOLERANCE:
         path.unlink(missing_ok=True)
         raise OnnxExportError(
@@ -195,6 +189,20 @@ def write_onnx(module: nn.Module, folder: str | Path, prep: Mapping[str, Any], o
         "max_abs_diff": diff,
         "batches": list(CHECK_BATCHES),
     }
+
+
+def _max_difference(path: Path, graph: nn.Module, module: nn.Module, prep: Mapping[str, Any]) -> float:
+    # The largest difference between the ONNX graph (onnxruntime) and PyTorch over random batches of CHECK_BATCHES.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    diff = 0.0
+    with torch.no_grad():
+        for i, size in enumerate(CHECK_BATCHES):
+            inputs = example_inputs(module, prep, batch=size, seed=i + 1)
+            got = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+            diff = max(diff, float((torch.from_numpy(got) - graph(*inputs.values())).abs().max()))
+    return diff
 
 
 def _save(onnx_program: Any, path: Path, module: nn.Module) -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from sss.cli import main
 
 ROOT = Path(__file__).parents[1]
+Tone = Literal["warm", "cool"]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
 SHORT = [
     "model.name=hunter_tiny",
@@ -87,8 +90,9 @@ def test_fit_writes_results_export_and_moves_on_to_a_fresh_folder(capsys):
 
 
 def test_resume_without_a_checkpoint_says_so(capsys):
-    with pytest.raises(SystemExit, match="no complete checkpoint"):
-        main(["fit", EXAMPLE, *SHORT, "--resume"])
+    assert main(["fit", EXAMPLE, *SHORT, "--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --resume: no complete checkpoint in "), err
 
 
 def test_explicit_output_dir_with_checkpoints_is_refused(tmp_path, capsys):
@@ -189,8 +193,36 @@ def test_overrides_are_taken_as_flags_too_anywhere_on_the_line(capsys):
 
 
 def test_a_config_path_after_resume_is_the_config(capsys):
-    with pytest.raises(SystemExit, match="no complete checkpoint"):  # it got as far as looking for checkpoints
-        main(["fit", "--resume", EXAMPLE, *SHORT])
+    assert main(["fit", "--resume", EXAMPLE, *SHORT]) == 1
+    assert "no complete checkpoint" in capsys.readouterr().err  # it got as far as looking for checkpoints
+
+
+def greet(name: str, overrides: list[str], times: int = 1, loud: bool = False, tone: Tone = "warm") -> int:
+    """Greet NAME.
+
+    Args:
+        times: how often
+        tone: how it sounds
+    """
+    print(" ".join([f"hello {name}"] * times) + ("!" if loud else ""), tone, overrides)
+    return 3
+
+
+def test_a_subcommand_is_one_typed_function_and_one_row(monkeypatch, capsys):
+    import sss.cli
+
+    row = sss.cli.Command(greet, ("name",), "NAME key=value", "NAME: who; then overrides", "sss greet NAME [...]")
+    monkeypatch.setitem(sss.cli.COMMANDS, "greet", row)
+    assert main(["greet", "ada", "--times", "2", "a.b=1", "--loud", "--tone", "cool"]) == 3
+    assert capsys.readouterr().out == "hello ada hello ada! cool ['a.b=1']\n"
+    with pytest.raises(SystemExit):
+        main(["greet", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: sss greet NAME [...]\n\nGreet NAME.\n") and "Args:" not in out
+    assert re.search(r"--times TIMES +how often\n", out) and re.search(r"--tone \{warm,cool\} +how it sounds\n", out)
+    with pytest.raises(SystemExit):
+        main(["greet", "ada", "--tone", "loud"])  # not one of the Literal's choices
+    assert "argument --tone: invalid choice: 'loud'" in capsys.readouterr().err
 
 
 def test_version(capsys):

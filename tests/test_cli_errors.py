@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sss.cli import explain_error, main
+from sss.cli import main
+from sss.run.explain import explain_error
 
 ROOT = Path(__file__).parents[1]
 INDUSTRIAL = str(ROOT / "examples" / "industrial.yaml")
@@ -252,7 +253,7 @@ def test_a_checkpoint_write_that_torch_reports_as_unexpected_pos_is_a_full_disk(
     # torch.save on a full disk says only "unexpected pos"; the free space of the output folder tells.
     import torch
 
-    import sss.cli
+    import sss.run.explain
 
     def full(obj, f, *args, **kwargs):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4352 vs 4240")
@@ -264,7 +265,7 @@ def test_a_checkpoint_write_that_torch_reports_as_unexpected_pos_is_a_full_disk(
     assert main(["fit", str(path), f"trainer.output_dir={out}"]) == 1
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"error: writing to {out} failed ([enforce fail") and " MB free there" in line, line
-    monkeypatch.setattr(sss.cli, "LOW_DISK", 1 << 62)  # the same failure on a disk with less room than that
+    monkeypatch.setattr(sss.run.explain, "LOW_DISK", 1 << 62)  # the same failure on a disk with less room than that
     assert main(["fit", str(path), f"trainer.output_dir={tmp_path / 'run2'}"]) == 1
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"error: disk full at {tmp_path / 'run2'}, ") and "no checkpoint was saved yet" in line
@@ -318,6 +319,21 @@ def test_unsafe_and_damaged_checkpoint_errors_are_one_line(tmp_path):
             f"error: {folder}: model.safetensors is truncated",
             1,
         )
+
+
+def test_the_error_table_works_without_the_command_line(tmp_path):
+    # explain_error on its own (no parser, no main): the running config says which folder a message names.
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(trainer=SimpleNamespace(output_dir=str(tmp_path / "run")))
+    assert explain_error(KeyboardInterrupt()) == ("sss: interrupted (Ctrl-C)", 130)  # no config loaded yet
+    before = "sss: interrupted (Ctrl-C), before any checkpoint was saved"
+    assert explain_error(KeyboardInterrupt(), run) == (before, 130)
+    (tmp_path / "run" / "checkpoints" / "step_0000004").mkdir(parents=True)
+    message, code = explain_error(KeyboardInterrupt(), run)
+    assert code == 130 and f"the checkpoints in {tmp_path / 'run' / 'checkpoints'} are intact" in message, message
+    message, code = explain_error(OSError(errno.ENOSPC, "No space left on device"), run)  # an error naming no path
+    assert code == 1 and message.startswith(f"error: disk full at {tmp_path / 'run'}, "), message
 
 
 def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(tmp_path, monkeypatch, capsys):
@@ -396,7 +412,7 @@ def test_a_bad_value_in_the_accelerate_config_file_is_a_config_error(tmp_path, c
 def test_a_full_disk_after_a_checkpoint_names_the_checkpoint_that_is_intact(tmp_path, monkeypatch, capsys):
     import torch
 
-    import sss.cli
+    import sss.run.explain
 
     path = tmp_path / "boring.yaml"
     path.write_text(yaml.safe_dump(BORING))
@@ -408,7 +424,7 @@ def test_a_full_disk_after_a_checkpoint_names_the_checkpoint_that_is_intact(tmp_
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4352 vs 4240")
 
     monkeypatch.setattr(torch, "save", full)
-    monkeypatch.setattr(sss.cli, "LOW_DISK", 1 << 62)
+    monkeypatch.setattr(sss.run.explain, "LOW_DISK", 1 << 62)
     assert main(["fit", str(path), f"trainer.output_dir={out}", "trainer.max_steps=6", "--resume"]) == 1
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"error: disk full at {out}, ") and "Traceback" not in line, line

@@ -15,6 +15,36 @@ import sss
 
 ROOT = Path(sss.__file__).parent
 
+# The layers, top to bottom: a module may import its own layer and the layers below, never one above.
+# Each layer is a set of module-name prefixes (a prefix covers its submodules, except "sss", which is
+# the package's own __init__ only); the longest matching prefix places a module, and every module
+# must be placed, so a new one cannot slip in unassigned. docs/architecture.md shows this list.
+LAYERS: list[tuple[str, frozenset[str]]] = [
+    # the command line: parse, dispatch to the run layer, one error line per failure
+    ("cli", frozenset({"sss.__main__", "sss.cli"})),
+    # the application: what each command does around SSSTrainer (parts, fit, run folder, evaluate, explain, ...)
+    ("run", frozenset({"sss.run"})),
+    # the loop and what plugs into it: trainer, callbacks, evaluation, the model folder, ONNX export, test doubles
+    (
+        "trainer",
+        frozenset(
+            {"sss.trainer", "sss.callbacks", "sss.evaluation", "sss.model_folder", "sss.onnx_export", "sss.testing"}
+        ),
+    ),
+    # what a run trains on: the model families with their registries, and the data modules
+    ("models", frozenset({"sss.models", "sss.data"})),
+    # the module contract the models implement: LitModule and what it imports (batch size, self.log's buffer)
+    ("contract", frozenset({"sss.trainer.module", "sss.trainer._batches", "sss.trainer._logged"})),
+    # the metrics (the contract scores with them)
+    ("metrics", frozenset({"sss.metrics"})),
+    # the checkpoint folder format: marker, folder lock, stored-config diff
+    ("checkpoint", frozenset({"sss.checkpoint", "sss._marker", "sss._lock", "sss._config_diff"})),
+    # typed configuration: schema, loading, checks without building (given the models' rules by their factory)
+    ("config", frozenset({"sss.config"})),
+    # the base: errors, warnings, redaction, atomic writes, network pre-flights, the package's lazy facade
+    ("base", frozenset({"sss", "sss.errors", "sss.warnings", "sss._redact", "sss._writing", "sss._preflight"})),
+]
+
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT.parent).with_suffix("").parts
@@ -95,12 +125,51 @@ def test_config_imports_nothing_from_the_trainer_or_the_run_layer():
     assert not bad, sorted(bad)
 
 
-def test_layers_point_down():
-    # cli -> run -> trainer/callbacks/evaluation/model_folder -> models/data/metrics -> checkpoint/config
-    graph = _imports()
-    below_run = [m for m in graph if not m.startswith(("sss.run", "sss.cli")) and m not in ("sss", "sss.__main__")]
-    up = {(m, t) for m in below_run for t in graph[m] if t.startswith(("sss.run", "sss.cli"))}
-    assert not up, sorted(up)
+def _covers(prefix: str, module: str) -> bool:
+    return module == prefix or (prefix != "sss" and module.startswith(prefix + "."))
+
+
+def _layer_of(module: str, layers: list[tuple[str, frozenset[str]]]) -> int | None:
+    # The index of the layer whose longest prefix covers `module`; None: no layer does.
+    found = [(len(p), i) for i, (_, prefixes) in enumerate(layers) for p in prefixes if _covers(p, module)]
+    return max(found)[1] if found else None
+
+
+def _layer_problems(graph: dict[str, set[str]], layers: list[tuple[str, frozenset[str]]]) -> list[str]:
+    # Modules no layer covers, then imports that point to a layer above the importer's.
+    problems = [f"{m}: in no layer (add it to LAYERS)" for m in sorted(graph) if _layer_of(m, layers) is None]
+    for module in sorted(graph):
+        mine = _layer_of(module, layers)
+        for target in sorted(graph[module]):
+            theirs = _layer_of(target, layers)
+            if mine is not None and theirs is not None and theirs < mine:
+                problems.append(f"{module} ({layers[mine][0]}) imports {target} ({layers[theirs][0]}), a layer above")
+    return problems
+
+
+def test_every_import_points_down_the_layers():
+    problems = _layer_problems(_imports(), LAYERS)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_prefix_of_the_layers_names_a_module():
+    # A stale prefix (a module renamed or removed) would keep the list from saying where things are.
+    modules = set(_imports())
+    listed = [p for _, prefixes in LAYERS for p in prefixes]
+    assert len(listed) == len(set(listed)), "a prefix is in two layers"
+    assert not [p for p in listed if not any(_covers(p, m) for m in modules)]
+
+
+def test_the_layer_check_finds_an_upward_import_and_an_unplaced_module():
+    # Negative control: a fake house where the contract imports a model, and a module outside every layer.
+    layers = [("models", frozenset({"sss.models"})), ("contract", frozenset({"sss.trainer.module"}))]
+    graph = {"sss.models.hunter": {"sss.trainer.module"}, "sss.trainer.module": {"sss.models.hunter"}, "sss.x": set()}
+    assert _layer_problems(graph, layers) == [
+        "sss.x: in no layer (add it to LAYERS)",
+        "sss.trainer.module (contract) imports sss.models.hunter (models), a layer above",
+    ]
+    assert _layer_of("sss.trainer.module", LAYERS) > _layer_of("sss.models.hunter", LAYERS)  # longest prefix wins
+    assert _layer_of("sss.ssss", LAYERS) is None  # "sss" is the package's __init__ only
 
 
 def _package(module: str, modules: set[str]) -> str:

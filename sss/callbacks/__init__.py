@@ -11,6 +11,7 @@ from sss.callbacks.lr_monitor import LearningRateMonitor
 from sss.callbacks.memory import MemoryMonitor
 from sss.callbacks.metrics_logger import CSVTracker, MetricsLogger
 from sss.callbacks.model_summary import ModelSummary
+from sss.callbacks.ogm_ge import OGMGE
 from sss.callbacks.overflow import OverflowDetector
 from sss.callbacks.plots import Plots
 from sss.callbacks.prediction_writer import CSVPredictionWriter, PredictionWriter
@@ -21,6 +22,7 @@ from sss.callbacks.throughput import Throughput
 
 __all__ = [
     "EMA",
+    "OGMGE",
     "CSVPredictionWriter",
     "CSVTracker",
     "Callback",

@@ -30,6 +30,7 @@ class Event(str, Enum):
                 for batch_idx, batch in train_loader:   (at most limit_train_batches)
                     # BATCH_START
                     with accelerator.accumulate(model):
+                        the fit's first batch only: check_first_batch (keys, dtypes, shapes)
                         state.loss = module.training_step(batch, batch_idx); accelerator.backward(loss)
                                      (under autocast; with trainer.auto_batch_size, in parts after an OOM)
                         if accelerator.sync_gradients:      (the end of an accumulation window)
@@ -42,6 +43,7 @@ class Event(str, Enum):
                                 else -> global_step += 1; scheduler.step()
                             module's self.log step values -> state.logs (at logging steps)
                             # AFTER_OPTIMIZER_STEP
+                            state.logs.clear()      (at logging steps: every callback has read them)
                             optimizer.zero_grad()
                     if the step reached a multiple of trainer.val_every_n_steps:
                         the validation pass below, with its events   (RNG states restored after it)

@@ -1,4 +1,4 @@
-"""`GradNormMonitor`: global and per-modality gradient norms, advice when they look unhealthy, optional OGM-GE."""
+"""`GradNormMonitor`: global and per-modality gradient norms, and advice when they look unhealthy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from sss.callbacks.base import Callback
 from sss.callbacks.metrics_logger import host_floats
+from sss.callbacks.ogm_ge import MODALITIES, OGMGE
 from sss.warnings import SSSWarning
 
 if TYPE_CHECKING:
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from sss.trainer.trainer import SSSTrainer
 
 __all__ = ["GradNormMonitor"]
-
-MODALITIES = ("image", "audio")
 
 
 def _warn_once(trainer: SSSTrainer, seen: set[str], key: str, message: str, local: bool = False) -> None:
@@ -50,7 +49,9 @@ class GradNormMonitor(Callback):
     The figures stay on the device: they reach ``state.logs`` as tensors, which the metrics logger
     reads with the loss in one transfer, and the checks run at BATCH_END on those values (no device
     sync of their own when the logger reads at the same steps; one per check step without it).
-    With ``ogm_ge=True`` it applies OGM-GE (Peng et al., CVPR 2022) every step: see `_ogm_ge`.
+    ``ogm_ge=True`` (with `ogm_alpha`, `ogm_noise`) also runs an `sss.callbacks.OGMGE` (Peng et al., CVPR 2022),
+    which changes the gradients every step, right after this monitor has measured them: the same as listing
+    ``OGMGE(alpha=ogm_alpha, noise=ogm_noise)`` after the monitor. Kept for configs that spell it so.
 
     Example:
         >>> from sss import SSSTrainer
@@ -81,6 +82,10 @@ class GradNormMonitor(Callback):
         self.min_norm, self.min_share = min_norm, min_share
         self.min_update_ratio, self.max_update_ratio = min_update_ratio, max_update_ratio
         self.ogm_ge, self.ogm_alpha, self.ogm_noise = ogm_ge, ogm_alpha, ogm_noise
+        self.ogm = OGMGE(alpha=ogm_alpha, noise=ogm_noise) if ogm_ge else None
+        """The `OGMGE` that ``ogm_ge=True`` runs after each measurement (None without it)."""
+        if self.ogm is not None:
+            self.ogm.name = "GradNormMonitor"
         self._norms: dict[str, Any] = {}
         self._pending: dict[str, Any] | None = None  # this step's figures and checks, run at BATCH_END
         self._streaks: dict[str, int] = {}
@@ -89,8 +94,6 @@ class GradNormMonitor(Callback):
         self._last_ratio = math.inf
         self._lr_seen: float | None = None
         self._lr_fell = False
-        self._batch: Any = None
-        self._hook: Any = None
 
     @property
     def norms(self) -> dict[str, float]:
@@ -103,22 +106,16 @@ class GradNormMonitor(Callback):
         self._pending = None
         self._last_ratio = math.inf
         self._lr_seen, self._lr_fell = None, False
-        if self.ogm_ge and self._hook is None:
-            # OGM-GE scores each modality on the batch; the loop does not hand batches to callbacks,
-            # so keep a reference to the latest one the module saw (no copy).
-            self._hook = module.register_forward_pre_hook(self._remember_batch)
-
-    def _remember_batch(self, module: LitModule, args: tuple[Any, ...]) -> None:
-        if module.training and args and isinstance(args[0], dict):
-            self._batch = args[0]
+        if self.ogm is not None:
+            self.ogm.on_fit_start(trainer, module)
 
     def on_after_backward(self, trainer: SSSTrainer, module: LitModule) -> None:
         # the step about to be applied is number global_step + 1: the one the metrics logger logs
         if (trainer.state.global_step + 1) % self.every_n_steps == 0:
             self._measure(trainer, module)
             self._before = [p.detach().clone() for p in module.parameters() if p.requires_grad]
-        if self.ogm_ge:
-            self._ogm_ge(trainer, module)
+        if self.ogm is not None:  # after the measurement: the norms are those of the unmodulated gradients
+            self.ogm.on_after_backward(trainer, module)
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
         self._follow_lr(trainer)
@@ -287,65 +284,15 @@ class GradNormMonitor(Callback):
         if self._streaks[key] >= self.patience:
             _warn_once(trainer, self._warned, key, f"GradNormMonitor (global_step {step}): {message}")
 
-    def _ogm_ge(self, trainer: SSSTrainer, module: LitModule) -> None:
-        """OGM-GE: slow the gradients of the modality that dominates, then add noise of the gradients' scale.
-
-        Each modality's score is the summed softmax probability of the true class when the model
-        runs, in eval mode, on that modality alone (the other one absent, as `LitModule.forward`
-        allows), on the latest micro-batch; the scores are summed over processes. The dominant modality, with score
-        ratio ρ > 1, gets its encoder gradients multiplied by 1 - tanh(α·ρ) (Peng et al., eq. 10);
-        with `ogm_noise`, each encoder gradient gets Gaussian noise with the gradient's own std
-        (the GE part), drawn from a generator seeded by the step so every process adds the same noise.
-        """
-        batch = self._batch
-        if batch is None or "label" not in batch:
-            message = "GradNormMonitor: OGM-GE needs the class of each sample in batch['label']; not modulating"
-            _warn_once(trainer, self._warned, "ogm_label", message)
-            return
-        scores = []
-        module.eval()  # the extra passes must not move batch-norm statistics (nor draw dropout masks)
-        try:
-            with torch.no_grad():
-                for kept in MODALITIES:
-                    alone = {k: v for k, v in batch.items() if k not in MODALITIES or k == kept}
-                    probs = torch.softmax(_logits(module(alone)).float(), dim=-1)
-                    scores.append(probs.gather(1, batch["label"].long().view(-1, 1)).sum())
-        finally:
-            module.train()
-        scores_t = torch.stack(scores)
-        if trainer.accelerator.num_processes > 1:
-            scores_t = trainer.accelerator.reduce(scores_t, reduction="sum")
-        s_image, s_audio = scores_t.tolist()  # the one device sync of OGM-GE per step: the coefficients need it
-        ratio = s_image / max(s_audio, 1e-12)
-        coeffs = {"image": 1.0, "audio": 1.0}
-        if ratio > 1:
-            coeffs["image"] = 1 - math.tanh(self.ogm_alpha * ratio)
-        elif ratio < 1:
-            coeffs["audio"] = 1 - math.tanh(self.ogm_alpha / max(ratio, 1e-12))
-        groups = module.modality_groups()
-        generator = torch.Generator().manual_seed(trainer.config.seed * 1_000_003 + trainer.state.global_step)
-        for m in MODALITIES:
-            for p in groups[m]:
-                if p.grad is None:
-                    continue
-                p.grad.mul_(coeffs[m])
-                if self.ogm_noise and p.grad.numel() > 1:
-                    noise = torch.randn(p.grad.shape, generator=generator, dtype=torch.float32)
-                    p.grad.add_(noise.to(p.grad) * p.grad.float().std())
-        logs = trainer.state.logs
-        logs["train/ogm/score_ratio"] = ratio
-        logs["train/ogm/coeff_image"], logs["train/ogm/coeff_audio"] = coeffs["image"], coeffs["audio"]
-
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:
-        self._release()
+        self._before, self._pending = None, None
+        if self.ogm is not None:
+            self.ogm.on_fit_end(trainer, module)
 
     def on_exception(self, trainer: SSSTrainer, module: LitModule) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-        self._hook, self._batch, self._before, self._pending = None, None, None, None
+        self._before, self._pending = None, None
+        if self.ogm is not None:
+            self.ogm.on_exception(trainer, module)
 
 
 def _current_lr(trainer: SSSTrainer) -> float | None:
@@ -364,9 +311,3 @@ def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     if not tensors:
         return torch.zeros(())
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
-
-
-def _logits(outputs: Any) -> torch.Tensor:
-    if isinstance(outputs, dict):
-        outputs = outputs["logits"]
-    return outputs

@@ -13,12 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.base import Callback
+from sss.callbacks.export import export_run_model
+from sss.errors import HubPushError
 
 if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
 __all__ = ["HubPush"]
+
+
+class _PushesFailed(HubPushError, RuntimeError):
+    """Pushes that failed at FIT_END: a `HubPushError` (what `sss fit` tells apart), still the RuntimeError it was."""
 
 
 class HubPush(Callback):
@@ -35,7 +41,8 @@ class HubPush(Callback):
       else ``model.safetensors`` alone. The weights are the full state dict every process gathers
       with ``accelerator.get_state_dict`` (whole under FSDP / ZeRO-3 too); the main process pushes.
     * Pushes queue up: none is skipped while another runs (unlike transformers#30724). FIT_END waits
-      for the queue; failed pushes (after `retries` tries) raise there, naming what to upload by hand.
+      for the queue; failed pushes (after `retries` tries) raise `sss.errors.HubPushError` there (a
+      RuntimeError too), naming what to upload by hand.
 
     The token comes from ``HF_TOKEN`` or ``hf auth login``: there is no token argument, so it can
     never end up in a config, a checkpoint or a log. `endpoint` defaults to ``HF_ENDPOINT``.
@@ -122,18 +129,16 @@ class HubPush(Callback):
             from accelerate.utils import broadcast_object_list
 
             broadcast_object_list(export)
-        # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
-        full = accelerator.get_state_dict(trainer.model) if export[0] else None
+        if export[0]:  # every process: the gather; the main process writes the folder
+            export_run_model(trainer, module, folder, trainer.state.metrics)
         if self._worker is None:
             return
-        if full is not None:
-            _export(trainer, module, folder, full)
         self._queue.put((folder, ".", f"model after global_step {trainer.state.global_step}", False))
         self._drain()
         with contextlib.suppress(OSError):  # the staging folder, empty unless a push failed
             (trainer.output_dir / ".hub_staging").rmdir()
         if self.errors:
-            raise RuntimeError(
+            raise _PushesFailed(
                 f"HubPush: {len(self.errors)} push(es) to {self.repo_id} failed: "
                 + "; ".join(self.errors)
                 + f". The folders are still on disk: `hf upload {self.repo_id} <folder> <path in repo>` pushes them."
@@ -183,26 +188,3 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)  # instant and no extra disk; the rotation deleting the original keeps this one
     except OSError:
         shutil.copy2(src, dst)
-
-
-def _export(trainer: SSSTrainer, module: LitModule, folder: Path, full: dict[str, Any]) -> None:
-    # `sss fit` exports the model folder only after fit returns, so export it here the same way (the
-    # run's config.yaml is in OUTPUT_DIR by then); `sss fit` rewrites it later with the same weights:
-    # the EMA average when `EMA(export=True)` is on, as there.
-    from sss.callbacks.ema import exported_weights
-
-    weights, note = exported_weights(trainer, full)
-    config = trainer.output_dir / "config.yaml"
-    if config.is_file():
-        from sss.config import load_config
-        from sss.model_folder import export_model
-
-        metrics = dict(trainer.state.metrics)
-        cfg = load_config(config)
-        export_model(module, cfg, metrics, folder, trainer.datamodule, state_dict=weights, weights_source=note)
-        return
-    from safetensors.torch import save_file  # plain Python use: the weights alone
-
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt", "sss_model": type(module).__name__})

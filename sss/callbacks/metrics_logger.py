@@ -17,7 +17,6 @@ import math
 import os
 import threading
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from accelerate.tracking import GeneralTracker
 from sss._preflight import check_trackers
 from sss._writing import writing_to
 from sss.callbacks.base import Callback
+from sss.callbacks.export import export_run_model
 from sss.warnings import SSSWarning
 
 if TYPE_CHECKING:
@@ -44,17 +44,19 @@ __all__ = [
     "step_figures",
 ]
 
-_READ: dict[int, tuple[weakref.ref[torch.Tensor], float]] = {}
-"""The tensors the latest `host_floats` read, by id (a weak reference, to tell a reused id), with their values."""
+_HOST_VALUE = "_sss_host_value"
+"""The attribute a tensor read by `host_floats` keeps its value in, so the next reader pays no sync."""
 
 
 def host_floats(values: Mapping[str, Any]) -> dict[str, Any]:
     """`values` with each one-element tensor replaced by its Python float, all read in one transfer per device.
 
     Reading a device value is a host sync: the host waits for everything queued before it. One
-    stacked ``.tolist()`` pays that once for all of them. The tensors of the latest read are
-    remembered (by identity), so the next reader of the same tensors (the progress bar, the plots
-    and the metrics logger at one logging step) pays nothing. Other values pass through.
+    stacked ``.tolist()`` pays that once for all of them. Each tensor read keeps its value (an
+    attribute of the tensor itself: no cache shared between readers, runs or trainers), so the next
+    reader of the same tensor (the progress bar, the plots and the metrics logger at one logging
+    step) pays nothing; a published value is a new tensor each time, never one changed in place.
+    Other values pass through.
 
     Example:
         >>> t = torch.tensor(0.5)
@@ -62,15 +64,14 @@ def host_floats(values: Mapping[str, Any]) -> dict[str, Any]:
         {'train/loss': 0.5, 'train/lr': 0.1, 'train/epoch': 2}
     """
     out = dict(values)
-    cached, todo = {}, {}
+    todo = {}
     for key, value in values.items():
         if isinstance(value, torch.Tensor):
-            seen = _READ.get(id(value))
-            if seen is not None and seen[0]() is value:
-                cached[key] = seen[1]
-            else:
+            seen = getattr(value, _HOST_VALUE, None)
+            if seen is None:
                 todo[key] = value
-    out.update(cached)
+            else:
+                out[key] = seen
     if not todo:
         return out
     by_device: dict[torch.device, list[str]] = {}
@@ -80,9 +81,8 @@ def host_floats(values: Mapping[str, Any]) -> dict[str, Any]:
         dtype = torch.float32 if device.type == "mps" else torch.float64  # exact for fp32/bf16/fp16 values
         stacked = torch.stack([todo[k].detach().reshape(()).to(dtype) for k in keys])
         out.update(zip(keys, stacked.tolist(), strict=True))  # the one device sync
-    kept = {id(v): (weakref.ref(v), out[k]) for k, v in values.items() if isinstance(v, torch.Tensor)}
-    _READ.clear()
-    _READ.update(kept)
+    for key, value in todo.items():
+        setattr(value, _HOST_VALUE, out[key])
     return out
 
 
@@ -381,7 +381,6 @@ class MetricsLogger(Callback):
         if state.step_was_skipped or state.global_step % self.every_n_steps:
             return
         values = step_figures(state)  # one device sync for all of them (none when the bar or plots read them first)
-        state.logs.clear()
         with writing_to(trainer.output_dir / "logs"):  # a full disk names the logs folder
             trainer.accelerator.log(values, step=state.global_step)
 
@@ -493,16 +492,19 @@ def _store_config(tracker: Any, config: dict[str, str], start: int) -> None:
 def _log_model_folder(trainer: SSSTrainer, module: LitModule) -> None:
     # `sss fit` exports OUTPUT_DIR/model after fit returns, when the run is over: export it now (as HubPush
     # does; `sss fit` rewrites it later with the same weights) and send it to the MLflow run while it is open.
-    from sss.callbacks.hub import _export
-
-    # On every process: under FSDP / ZeRO-3 this gathers the shards; keys are the trainer wrapper's "module.<name>"
-    full = trainer.accelerator.get_state_dict(trainer.model)
-    tracker = next((t for t in trainer.accelerator.trackers if t.name == "mlflow"), None)
-    if tracker is None:  # not the main process, or mlflow is not installed
+    # Decided from log_with, which every process holds alike (older Accelerates build trackers on the main
+    # process only), so that all take part in the gather or none does.
+    if "mlflow" not in {_tracker_name(t) for t in trainer.accelerator.log_with}:  # mlflow is not installed
         return
-    folder = trainer.output_dir / "model"
-    _export(trainer, module, folder, full)
-    tracker.log_artifacts(str(folder), artifact_path="model")
+    folder = export_run_model(trainer, module, trainer.output_dir / "model", trainer.state.metrics)
+    tracker = next((t for t in trainer.accelerator.trackers if t.name == "mlflow"), None)
+    if folder is not None and tracker is not None:  # the main process
+        tracker.log_artifacts(str(folder), artifact_path="model")
+
+
+def _tracker_name(entry: Any) -> str:
+    # A log_with entry: a tracker object, or a name (a string or Accelerate's LoggerType).
+    return entry.name if isinstance(entry, GeneralTracker) else str(getattr(entry, "value", entry))
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -142,7 +142,7 @@ class ProgressBar(Callback):
             self._progress.reset(self._epoch_task, total=self._per_epoch, description=f"epoch {state.epoch}")
 
     def on_after_optimizer_step(self, trainer: SSSTrainer, module: LitModule) -> None:
-        # keep the latest values: the metrics logger clears state.logs when it writes them
+        # keep the latest values: the trainer clears state.logs after each logging step
         state = trainer.state
         if self._active and not state.step_was_skipped and state.global_step % self.every_n_steps == 0:
             self._loss = step_figures(state).get("train/loss")  # device values: read at logging steps only

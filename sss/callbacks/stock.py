@@ -49,7 +49,6 @@ def with_stock_callbacks(callbacks: Sequence[Callback], cfg: TrainerConfig) -> l
         stock.append(ModelSummary())
     if cfg.log.progress and missing(ProgressBar):
         stock.append(ProgressBar(every_n_steps=cfg.log.every_n_steps))
-    # Before the metrics logger, which clears the state.logs that Plots (and the bar) read at the same step.
     if cfg.log.plots and not cfg.fast_dev_run and missing(Plots):
         stock.append(Plots(every_n_steps=cfg.log.every_n_steps))
     if cfg.log.trackers and missing(MetricsLogger):

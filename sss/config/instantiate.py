@@ -178,12 +178,19 @@ def check_target(spec: Any, key: str) -> list[str]:
     return errors
 
 
-def _check_signature(target: Any, path: str, args: dict[str, Any], key: str) -> list[str]:
-    from sss.models.registry import create_model, model_class
+def _class_for(target: Any) -> Any:
+    # A factory that builds a class it picks by its ``name`` argument, as `sss.models.create_model` does, says
+    # which through its ``class_for(name) -> type | None`` (KeyError: no such name): the checks then read that
+    # class's signature and setting rules. The config knows the protocol, never the model registry behind it.
+    class_for = getattr(target, "class_for", None)
+    return class_for if callable(class_for) else None
 
-    if target is create_model and isinstance(args.get("name"), str):
+
+def _check_signature(target: Any, path: str, args: dict[str, Any], key: str) -> list[str]:
+    class_for = _class_for(target)
+    if class_for is not None and isinstance(args.get("name"), str):
         try:
-            cls = model_class(args["name"])
+            cls = class_for(args["name"])
         except KeyError as exc:
             return [f"{key}.name: {exc.args[0]}"]
         if cls is not None:
@@ -398,14 +405,13 @@ def model_problems(spec: dict[str, Any]) -> list[str]:
 
 def _model_settings(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     # The class `spec` builds and the arguments it would get, for a class that resolves its settings; else None.
-    from sss.models.registry import create_model, model_class
-
     target, args, variant = resolve_target(spec["_target_"]), dict(spec), None
     del args["_target_"]
-    if target is create_model:
+    class_for = _class_for(target)
+    if class_for is not None:
         variant = args.pop("name")
-        target = model_class(variant)
-        args = {k: v for k, v in args.items() if v is not None}  # create_model drops them: the variant's defaults win
+        target = class_for(variant)
+        args = {k: v for k, v in args.items() if v is not None}  # the factory drops them: the variant's defaults win
     if not all(callable(getattr(target, method, None)) for method in ("resolve_settings", "setting_problems")):
         return None
     settings = target.resolve_settings(args, variant)

@@ -39,15 +39,12 @@ def load_config(
     ``trainer.output_dir`` filled in as ``runs/<name>`` too). The returned config's
     `SSSConfig.output_dir_given` says whether ``trainer.output_dir`` was given.
 
-    `stored` is a config already read as a mapping, e.g. the ``config`` that a checkpoint's
-    ``trainer_state.json`` holds; it takes the YAML file's place, and `path` then only names it
-    in messages.
-
-    ``untrusted=True`` is for a config that is data, not yours (a model folder's ``config.yaml``, a
-    checkpoint's stored config): a ``${...}`` interpolation anywhere in it is refused naming the key
-    (never resolved), its ``model:`` spec loses its pretrained-weight settings (the weights come from
-    the folder's ``model.safetensors``) and may name no file, directory or URL
-    (`sss.config._untrusted`). Any file is read within `sss.config._yaml`'s limits.
+    `stored` is a config already read as a mapping (a checkpoint's ``trainer_state.json`` ``config``);
+    it takes the YAML file's place, and `path` then only names it in messages.
+    ``untrusted=True`` is for a config that is data, not yours (a model folder's, a checkpoint's): a
+    ``${...}`` anywhere in it is refused naming the key, its ``model:`` spec loses its pretrained-weight
+    settings and may name no file, directory or URL (`sss.config._untrusted`). Any file is read within
+    `sss.config._yaml`'s limits.
 
     Example:
         >>> sources = {}
@@ -66,10 +63,33 @@ def load_config(
         >>> load_config("run_42/trainer_state.json", stored={"trainer": {"max_steps": 7}}).trainer.max_steps
         7
     """
+    where = str(path) if path is not None else "defaults"
+    layers = _layers(path, overrides, where, stored, untrusted)
+    config = _merged(layers, sources, where)
+    if untrusted:
+        config.model = without_outside_files(config.model, where)
+    if not config.name:
+        config.name = Path(path).stem if path is not None else "run"
+    config.output_dir_given = config.trainer.output_dir is not None
+    if not config.output_dir_given:
+        config.trainer.output_dir = f"runs/{config.name}"
+        if sources is not None:
+            sources.pop("trainer.output_dir", None)  # written as null: the default all the same
+    return config
+
+
+def _layers(
+    path: str | Path | None,
+    overrides: list[str] | tuple[str, ...],
+    where: str,
+    stored: Mapping[str, Any] | None,
+    untrusted: bool,
+) -> list[tuple[str, Any]]:
+    # What is merged over the defaults, in order, each with the prefix its messages get: the stored
+    # config or the YAML file (no prefix), then one layer per override.
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    where = str(path) if path is not None else "defaults"
     if stored is not None:
         check_size(stored, where)
         if untrusted:
@@ -85,6 +105,14 @@ def load_config(
             layers.append((f"override {item!r}: ", OmegaConf.from_dotlist([_yaml12_value(item)])))
         except OmegaConfBaseException as exc:  # e.g. an unclosed ${...}
             raise ConfigError(f"{where}: override {item!r}: {str(exc).splitlines()[0]}") from None
+    return layers
+
+
+def _merged(layers: list[tuple[str, Any]], sources: dict[str, str] | None, where: str) -> SSSConfig:
+    # The schema's defaults <- each layer, recording where each value came from; then the checked dataclasses.
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     merged = OmegaConf.structured(SSSConfig)
     for origin, layer in layers:
         data = OmegaConf.to_container(layer)
@@ -95,21 +123,11 @@ def load_config(
             problem = _with_suggestion(_merge_problem(merged, data, exc), merged, data)
             raise ConfigError(f"{where}: {origin}{problem}") from None
     try:
-        config: SSSConfig = OmegaConf.to_object(merged)  # runs every __post_init__
+        return OmegaConf.to_object(merged)  # runs every __post_init__
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{where}: {exc.full_key or '?'}: {str(exc).splitlines()[0]}") from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    if untrusted:
-        config.model = without_outside_files(config.model, where)
-    if not config.name:
-        config.name = Path(path).stem if path is not None else "run"
-    config.output_dir_given = config.trainer.output_dir is not None
-    if not config.output_dir_given:
-        config.trainer.output_dir = f"runs/{config.name}"
-        if sources is not None:
-            sources.pop("trainer.output_dir", None)  # written as null: the default all the same
-    return config
 
 
 _UNKNOWN_KEY = re.compile(r"^(?P<key>[\w.\[\]]+): Key '[^']*' not in '\w+'")
@@ -196,10 +214,9 @@ def _own_argument_names(spec: Any) -> list[str]:
         from sss.config.instantiate import resolve_target
 
         obj = resolve_target(target)
-        if obj.__name__ == "create_model" and isinstance(spec.get("name"), str):
-            from sss.models.registry import model_class
-
-            obj = model_class(spec["name"]) or obj
+        class_for = getattr(obj, "class_for", None)  # a factory of classes by name (sss.models.create_model)
+        if callable(class_for) and isinstance(spec.get("name"), str):
+            obj = class_for(spec["name"]) or obj
         params = inspect.signature(obj).parameters.values()
     except Exception:  # a suggestion is a nicety: a part that does not resolve is reported by sss check
         return []

@@ -8,7 +8,7 @@ callbacks) are ``_target_`` specs, checked by `sss.config.check_config` without 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from sss.config.errors import ConfigError, require
 from sss.config.sharding import check_sharding
@@ -287,8 +287,24 @@ class SSSConfig:
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """``_target_`` specs of extra callbacks, run in this order before the stock ones."""
 
-    output_dir_given: ClassVar[bool | None] = None
-    """Not a YAML key: `load_config` sets it on the config it returns, True when ``trainer.output_dir`` was
-    written (in the YAML or an override), False when it was filled in as ``runs/<name>``. ``sss fit`` moves a
-    default folder that holds a run on to ``runs/<name>_1``, ... but never a given one; None (a config built
-    in Python): a ``runs/<name>`` folder counts as the default."""
+    @property
+    def output_dir_given(self) -> bool | None:
+        """Not a YAML key: `load_config` sets it on the config it returns, True when ``trainer.output_dir`` was
+        written (in the YAML or an override), False when it was filled in as ``runs/<name>``. ``sss fit`` moves a
+        default folder that holds a run on to ``runs/<name>_1``, ... but never a given one; None (a config built
+        in Python): a ``runs/<name>`` folder counts as the default.
+
+        Example:
+            >>> cfg = SSSConfig()
+            >>> cfg.output_dir_given is None
+            True
+            >>> cfg.output_dir_given = True
+            >>> cfg.output_dir_given, SSSConfig().output_dir_given
+            (True, None)
+        """
+        # An instance attribute outside the dataclass fields, so OmegaConf never sees it as a config key.
+        return getattr(self, "_output_dir_given", None)
+
+    @output_dir_given.setter
+    def output_dir_given(self, given: bool | None) -> None:
+        self._output_dir_given = given

@@ -8,8 +8,8 @@ Example:
 
 from __future__ import annotations
 
-from sss.data._decode import DataError
 from sss.data.datamodule import DataModule
+from sss.data.errors import DataError
 from sss.data.folder import ManifestDataModule
 from sss.data.layouts import LAYOUTS
 from sss.data.manifest import ManifestDataset, SkipLog

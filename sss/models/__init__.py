@@ -19,7 +19,16 @@ from sss.models.fusion.late import LateFusion
 from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
 from sss.models.hunter import HunterModule, hunter_base, hunter_small, hunter_tiny
 from sss.models.image.timm_encoder import TimmImageEncoder
-from sss.models.registry import create_model, list_models, model_class, register_model
+from sss.models.registry import (
+    create_model,
+    list_encoders,
+    list_fusions,
+    list_models,
+    model_class,
+    register_encoder,
+    register_fusion,
+    register_model,
+)
 
 __all__ = [
     "AudioCNN",
@@ -37,8 +46,12 @@ __all__ = [
     "hunter_base",
     "hunter_small",
     "hunter_tiny",
+    "list_encoders",
+    "list_fusions",
     "list_models",
     "model_class",
+    "register_encoder",
+    "register_fusion",
     "register_model",
     "resample_events",
     "resize_mask",

@@ -11,25 +11,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 from sss.metrics.task import task_outputs
-from sss.models.audio.ast import AudioSpectrogramTransformer
-from sss.models.audio.cnn import AudioCNN
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
-from sss.models.fusion.bottleneck import BottleneckFusion
-from sss.models.fusion.cross_attention import CrossModalFusion
-from sss.models.fusion.late import LateFusion
+from sss.models.fusion.base import FusionHead
 from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
-from sss.models.image.timm_encoder import TimmImageEncoder
-from sss.models.registry import register_model
+from sss.models.registry import (
+    EncoderSettings,
+    build_encoder,
+    fusion_class,
+    list_encoders,
+    list_fusions,
+    register_model,
+)
 from sss.trainer.module import LitModule
 
 __all__ = [
-    "AUDIO_ENCODERS",
-    "FUSIONS",
     "LOSS_KEYS",
     "MIN_SAMPLE_RATE",
     "VARIANTS",
@@ -38,12 +38,6 @@ __all__ = [
     "hunter_small",
     "hunter_tiny",
 ]
-
-FUSIONS = ("bottleneck", "cross_attention", "late")
-"""Names accepted by ``HunterModule(fusion=...)``."""
-
-AUDIO_ENCODERS = ("ast", "cnn")
-"""Names accepted by ``HunterModule(audio_encoder=...)``."""
 
 CHECKPOINTS = ("backbone", "stages")
 """Names accepted by ``HunterModule(image_checkpointing=...)``."""
@@ -79,7 +73,8 @@ class HunterModule(LitModule):
         image_checkpointing: What gradient checkpointing recomputes on the image side: ``"backbone"``
             (the whole backbone as one segment, for small CNNs) or ``"stages"`` (timm's per-stage).
         dim: Token width shared by both encoders, the fusion and the heads.
-        audio_encoder: ``"cnn"`` (`AudioCNN`) or ``"ast"`` (`AudioSpectrogramTransformer`).
+        audio_encoder: ``"cnn"`` (`AudioCNN`), ``"ast"`` (`AudioSpectrogramTransformer`) or another
+            name registered with `sss.models.registry.register_encoder`.
         audio_width: Channels of the first CNN block (doubled per block); the AST's width is ``dim``.
         audio_depth: CNN blocks (each halves time and frequency), or AST transformer blocks.
         audio_stem_stride: Stride of the first CNN convolution (2 = cheaper, coarser); CNN only.
@@ -88,13 +83,14 @@ class HunterModule(LitModule):
         sample_rate: Sample rate of ``batch["audio"]`` in Hz.
         freq_mask: Largest SpecAugment frequency mask in mel bins (training only; 0 disables).
         time_mask: Largest SpecAugment time mask in 10 ms frames (training only; 0 disables).
-        fusion: ``"cross_attention"`` (`CrossModalFusion`), ``"bottleneck"`` (`BottleneckFusion`) or
-            ``"late"`` (`LateFusion`).
+        fusion: ``"cross_attention"`` (`CrossModalFusion`), ``"bottleneck"`` (`BottleneckFusion`),
+            ``"late"`` (`LateFusion`) or another name registered with `sss.models.registry.register_fusion`.
         fusion_depth: Fusion layers (ignored by ``"late"``).
         heads: Attention heads of the fusion and the AST (must divide ``dim``).
         mlp_ratio: Hidden width of the fusion and AST MLPs as a multiple of ``dim``.
         dropout: Dropout in the fusion (and the AST).
-        num_bottlenecks: Shared bottleneck tokens of ``fusion="bottleneck"``.
+        num_bottlenecks: Shared bottleneck tokens of ``fusion="bottleneck"`` (of any fusion that takes them).
+        fusion_kwargs: The fusion's own extra arguments, e.g. ``{"hidden": 64}`` for ``"late"``.
         label_smoothing: Label smoothing of the cross-entropy loss.
         num_event_classes: Classes of the frame-level sound-event head; 0 builds no event head.
         mask_head: Build the shadow-mask head on the image tokens.
@@ -153,6 +149,7 @@ class HunterModule(LitModule):
         mlp_ratio: PositiveFloat = 4.0,
         dropout: UnitFloat = 0.0,
         num_bottlenecks: NonNegativeInt = 4,
+        fusion_kwargs: dict[str, Any] | None = None,
         label_smoothing: UnitFloat = 0.0,
         num_event_classes: NonNegativeInt = 0,
         mask_head: bool = False,
@@ -164,30 +161,27 @@ class HunterModule(LitModule):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        self.metrics = list(metrics) if metrics is not None else None
-        checked = {"fusion": fusion, "audio_encoder": audio_encoder, "image_checkpointing": image_checkpointing}
-        checked |= {"dim": dim, "heads": heads, "sample_rate": sample_rate, "modality_dropout": modality_dropout}
-        problems = self.setting_problems(checked | {"modalities": modalities, "loss_weights": loss_weights})
+        # Every argument by name (the `super()` cell aside): the checks and the builders read what they need.
+        settings = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
+        problems = self.setting_problems(settings)
         if problems:
             raise ValueError(problems[0][1])
+        self.metrics = list(metrics) if metrics is not None else None
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
         self.modality_dropout = modality_dropout
         self.loss_weights = {key: 1.0 for key in LOSS_KEYS} | {k: float(v) for k, v in (loss_weights or {}).items()}
+        self.modalities = tuple(m for m in ("image", "audio") if m in modalities)
+        self._build_parts(settings)
+        if grad_checkpointing:  # a flag on the parts built above: it changes no weight
+            self.set_grad_checkpointing(True)
+
+    def _build_parts(self, settings: dict[str, Any]) -> None:
         # Construction order is part of the defaults: the same seed gives the same initial weights
         # as before the heads existed, because they are built last and only on request.
-        self.modalities = tuple(m for m in ("image", "audio") if m in modalities)
-        self.image_encoder: TokenEncoder | None = TimmImageEncoder(
-            image_encoder,
-            dim=dim,
-            pretrained=image_pretrained,
-            channels_last=image_channels_last,
-            model_kwargs=dict(image_kwargs or {}),
-            checkpointing=image_checkpointing,
-        )
-        audio = {"width": audio_width, "depth": audio_depth, "stem_stride": audio_stem_stride, "heads": heads}
-        self.audio_encoder: TokenEncoder | None = _audio_encoder(
-            audio_encoder, dim, sample_rate, n_mels, freq_mask, time_mask, mlp_ratio, dropout, audio, audio_kwargs
+        self.image_encoder: TokenEncoder | None = build_encoder("image", "timm", _image_settings(settings))
+        self.audio_encoder: TokenEncoder | None = build_encoder(
+            "audio", settings["audio_encoder"], _audio_settings(settings)
         )
         # Data with one modality (ESC-50, ISTD, ...): the other encoder would never get a gradient.
         # Built, then dropped, so the weights of the parts kept do not depend on `modalities`.
@@ -195,15 +189,12 @@ class HunterModule(LitModule):
             self.image_encoder = None
         if "audio" not in self.modalities:
             self.audio_encoder = None
-        self.fusion_head: nn.Module = _fusion(
-            fusion, dim, fusion_depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks
-        )
+        self.fusion_head: FusionHead = _fusion(settings)
         if len(self.modalities) == 1:
             self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
-        self.event_head = EventHead(dim, num_event_classes) if num_event_classes > 0 else None
-        self.mask_head = MaskHead(dim, mask_upsample) if mask_head else None
-        if grad_checkpointing:  # a flag on the parts built above: it changes no weight
-            self.set_grad_checkpointing(True)
+        dim = settings["dim"]
+        self.event_head = EventHead(dim, settings["num_event_classes"]) if settings["num_event_classes"] > 0 else None
+        self.mask_head = MaskHead(dim, settings["mask_upsample"]) if settings["mask_head"] else None
 
     @classmethod
     def resolve_settings(cls, overrides: Mapping[str, Any], variant: str | None = None) -> dict[str, Any] | None:
@@ -468,56 +459,63 @@ class HunterModule(LitModule):
                 parts[name].set_grad_checkpointing(enabled)
 
 
-def _audio_encoder(
-    name: str,
-    dim: int,
-    sample_rate: int,
-    n_mels: int,
-    freq_mask: int,
-    time_mask: int,
-    mlp_ratio: float,
-    dropout: float,
-    shape: dict[str, int],
-    extra: dict[str, Any] | None,
-) -> TokenEncoder:
-    # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
-    frontend = LogMelFrontend(
-        sample_rate=sample_rate,
-        n_fft=sample_rate // 40,
-        hop_length=sample_rate // 100,
-        n_mels=n_mels,
-        f_max=min(8000.0, sample_rate / 2),
-        freq_mask=freq_mask,
-        time_mask=time_mask,
+def _image_settings(settings: dict[str, Any]) -> EncoderSettings:
+    return EncoderSettings(
+        settings["dim"],
+        backbone=settings["image_encoder"],
+        pretrained=settings["image_pretrained"],
+        channels_last=settings["image_channels_last"],
+        checkpointing=settings["image_checkpointing"],
+        kwargs=dict(settings["image_kwargs"] or {}),
     )
-    if name == "cnn":
-        cnn = {"width": shape["width"], "depth": shape["depth"], "stem_stride": shape["stem_stride"]}
-        return AudioCNN(dim, frontend=frontend, **cnn, **(extra or {}))
-    ast = {"depth": shape["depth"], "heads": shape["heads"], "mlp_ratio": mlp_ratio, "dropout": dropout}
-    return AudioSpectrogramTransformer(dim, frontend=frontend, **{**ast, **(extra or {})})
 
 
-def _fusion(
-    name: str,
-    dim: int,
-    depth: int,
-    heads: int,
-    num_classes: int,
-    dropout: float,
-    mlp_ratio: float,
-    num_bottlenecks: int,
-) -> nn.Module:
-    if name == "late":
-        return LateFusion(dim, num_classes, dropout=dropout)
-    if name == "bottleneck":
-        return BottleneckFusion(dim, depth, heads, num_classes, dropout, mlp_ratio, num_bottlenecks)
-    return CrossModalFusion(dim, depth, heads, num_classes, dropout, mlp_ratio)
+def _audio_settings(settings: dict[str, Any]) -> EncoderSettings:
+    # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
+    rate = settings["sample_rate"]
+    frontend = LogMelFrontend(
+        sample_rate=rate,
+        n_fft=rate // 40,
+        hop_length=rate // 100,
+        n_mels=settings["n_mels"],
+        f_max=min(8000.0, rate / 2),
+        freq_mask=settings["freq_mask"],
+        time_mask=settings["time_mask"],
+    )
+    return EncoderSettings(
+        settings["dim"],
+        width=settings["audio_width"],
+        depth=settings["audio_depth"],
+        heads=settings["heads"],
+        mlp_ratio=settings["mlp_ratio"],
+        dropout=settings["dropout"],
+        stem_stride=settings["audio_stem_stride"],
+        frontend=frontend,
+        kwargs=settings["audio_kwargs"] or {},
+    )
+
+
+def _fusion(settings: dict[str, Any]) -> FusionHead:
+    # The shared constructor shape; `num_bottlenecks` reaches the fusions whose constructor names it.
+    cls = fusion_class(settings["fusion"])
+    own = {"num_bottlenecks": settings["num_bottlenecks"]}
+    own = {name: value for name, value in own.items() if name in inspect.signature(cls).parameters}
+    shared = {name: settings[name] for name in ("heads", "mlp_ratio", "dropout")}
+    return cls(
+        settings["dim"],
+        settings["num_classes"],
+        depth=settings["fusion_depth"],
+        **shared,
+        **own,
+        **(settings["fusion_kwargs"] or {}),
+    )
 
 
 def _setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
     # HunterModule.setting_problems, in the order the constructor has always checked them.
     get, problems = settings.get, []
-    for key, choices in (("fusion", FUSIONS), ("audio_encoder", AUDIO_ENCODERS), ("image_checkpointing", CHECKPOINTS)):
+    fusions, audio_encoders = tuple(list_fusions()), tuple(list_encoders("audio"))
+    for key, choices in (("fusion", fusions), ("audio_encoder", audio_encoders), ("image_checkpointing", CHECKPOINTS)):
         if key in settings and settings[key] not in choices:
             problems.append((key, _unknown_choice(key, settings[key], choices)))
     dim, heads, rate = get("dim", 128), get("heads", 4), get("sample_rate", 16000)
@@ -542,8 +540,9 @@ def _setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
     modalities, fusion = list(get("modalities", ("image", "audio"))), get("fusion", "cross_attention")
     if not set(modalities) or set(modalities) - {"image", "audio"}:
         problems.append(("modalities", f"modalities={modalities} must be a non-empty subset of ['image', 'audio']"))
-    elif len(set(modalities)) == 1 and fusion != "late":
-        why = f"fuses two modalities; with modalities={modalities} use model.fusion=late"
+    elif len(set(modalities)) == 1 and (fusion not in fusions or fusion_class(fusion).needs_both_modalities):
+        alone = " or ".join(f"model.fusion={name}" for name in fusions if not fusion_class(name).needs_both_modalities)
+        why = f"fuses two modalities; with modalities={modalities} use {alone}"
         problems.append(("fusion", f"fusion={fusion!r} {why}"))
     unknown = sorted(set(get("loss_weights") or {}) - set(LOSS_KEYS))
     if unknown:

@@ -1,18 +1,37 @@
-"""A timm-style model registry: `@register_model` entrypoints, `create_model(name, **overrides)`."""
+"""timm-style registries: `@register_model` entrypoints (`create_model(name, **overrides)`), and the parts a
+model picks by name: `@register_fusion` classes (``model.fusion=NAME``) and `@register_encoder` builders."""
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
 import inspect
+import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["create_model", "list_models", "model_class", "register_model", "trusted_targets"]
+__all__ = [
+    "EncoderSettings",
+    "build_encoder",
+    "create_model",
+    "fusion_class",
+    "list_encoders",
+    "list_fusions",
+    "list_models",
+    "model_class",
+    "register_encoder",
+    "register_fusion",
+    "register_model",
+    "trusted_targets",
+]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
+_FUSIONS: dict[str, type] = {}
+_ENCODERS: dict[str, dict[str, Callable[[EncoderSettings], Any]]] = {"image": {}, "audio": {}}
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
 
 
 def register_model(fn: F) -> F:
@@ -80,6 +99,11 @@ def create_model(name: str, **overrides: Any) -> Any:
     return fn(**{k: v for k, v in overrides.items() if v is not None})
 
 
+# How `sss.config` finds the class a `create_model` spec builds (to check its arguments and settings)
+# without importing this registry: it asks the factory it resolved from the spec's ``_target_``.
+create_model.class_for = model_class  # type: ignore[attr-defined]
+
+
 def trusted_targets() -> frozenset[str]:
     """The ``_target_`` dotted names a model folder's ``config.yaml`` may name without ``trust_code``.
 
@@ -124,6 +148,150 @@ def _entrypoints_and_classes() -> list[Any]:
         if cls is not None:
             found.append(cls)
     return found
+
+
+def register_fusion(name: str) -> Callable[[C], C]:
+    """Register a fusion class under `name`: ``model.fusion=NAME`` builds it (and ``sss check`` accepts it).
+
+    Every fusion has one constructor shape, ``cls(dim, num_classes, *, depth, heads, mlp_ratio, dropout,
+    **own)``, and subclasses `sss.models.fusion.base.FusionHead` (``fuse``, ``classify``); its class
+    attribute ``needs_both_modalities`` says whether data of one modality may use it (then its
+    ``drop_stream(index)`` removes the missing stream's parameters). `HunterModule` passes the common
+    settings, its ``num_bottlenecks`` where the constructor takes one, and ``fusion_kwargs`` as they are.
+
+    Example:
+        >>> from sss.models.fusion.late import LateFusion
+        >>> @register_fusion("doc_late")
+        ... class DocLate(LateFusion):
+        ...     pass
+        >>> "doc_late" in list_fusions(), fusion_class("doc_late") is DocLate
+        (True, True)
+    """
+
+    def register(cls: C) -> C:
+        if name in _FUSIONS and _FUSIONS[name] is not cls:
+            raise ValueError(f"a fusion named {name!r} is already registered ({_FUSIONS[name].__module__})")
+        _FUSIONS[name] = cls
+        return cls
+
+    return register
+
+
+def list_fusions() -> list[str]:
+    """Sorted names of the registered fusions (`register_fusion`), the values ``model.fusion`` takes.
+
+    Example:
+        >>> list_fusions()[:3]
+        ['bottleneck', 'cross_attention', 'late']
+    """
+    _import_families()
+    return sorted(_FUSIONS)
+
+
+def fusion_class(name: str) -> type:
+    """The fusion class registered under `name`.
+
+    Raises:
+        KeyError: No fusion of that name; the message lists the registered ones.
+
+    Example:
+        >>> fusion_class("late").__name__
+        'LateFusion'
+    """
+    _import_families()
+    if name not in _FUSIONS:
+        raise KeyError(f"unknown fusion {name!r}; registered fusions: {', '.join(sorted(_FUSIONS))}")
+    return _FUSIONS[name]
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What an encoder builder (`register_encoder`) gets: the model's settings for one modality's encoder.
+
+    A builder reads the fields it needs and ignores the others, so every encoder has the one interface
+    ``builder(settings) -> TokenEncoder`` whatever its own arguments.
+    """
+
+    dim: int
+    """Token width the encoder returns."""
+    width: int = 32
+    """Channels of a CNN's first block (``model.audio_width``)."""
+    depth: int = 3
+    """Blocks or layers (``model.audio_depth``)."""
+    heads: int = 4
+    """Attention heads of a transformer (``model.heads``)."""
+    mlp_ratio: float = 4.0
+    """A transformer's MLP width as a multiple of its width (``model.mlp_ratio``)."""
+    dropout: float = 0.0
+    """A transformer's dropout (``model.dropout``)."""
+    stem_stride: int = 1
+    """Stride of a CNN's first convolution (``model.audio_stem_stride``)."""
+    frontend: Any = None
+    """Audio: the module from the batch's audio to a log-mel (built by the model, shared by its audio encoders)."""
+    backbone: str = ""
+    """Image: the backbone's name (``model.image_encoder``, a timm model name)."""
+    pretrained: bool | str | os.PathLike[str] = False
+    """Image: pretrained weights (``model.image_pretrained``)."""
+    channels_last: bool = False
+    """Image: run the backbone in channels-last memory format (``model.image_channels_last``)."""
+    checkpointing: str = "backbone"
+    """Image: what gradient checkpointing recomputes (``model.image_checkpointing``)."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """The encoder's own extra arguments (``model.image_kwargs`` / ``model.audio_kwargs``)."""
+
+
+def register_encoder(modality: str, name: str) -> Callable[[F], F]:
+    """Register an encoder builder ``builder(settings: EncoderSettings) -> TokenEncoder`` for `modality`.
+
+    ``model.audio_encoder=NAME`` picks an audio builder; the image side has ``"timm"`` (any timm backbone).
+
+    Example:
+        >>> from sss.models.audio.cnn import AudioCNN
+        >>> @register_encoder("audio", "doc_cnn")
+        ... def doc_cnn(settings: EncoderSettings) -> AudioCNN:
+        ...     return AudioCNN(settings.dim, width=4, depth=1)
+        >>> build_encoder("audio", "doc_cnn", EncoderSettings(dim=8)).output_dim
+        8
+    """
+    if modality not in _ENCODERS:
+        raise ValueError(f"unknown modality {modality!r}; encoders are registered for {', '.join(_ENCODERS)}")
+
+    def register(fn: F) -> F:
+        known = _ENCODERS[modality]
+        if name in known and known[name] is not fn:
+            raise ValueError(f"{modality}: an encoder named {name!r} is already registered ({known[name].__module__})")
+        known[name] = fn
+        return fn
+
+    return register
+
+
+def list_encoders(modality: str) -> list[str]:
+    """Sorted names of the registered encoders of `modality` (``"image"`` or ``"audio"``).
+
+    Example:
+        >>> list_encoders("audio")[:2], list_encoders("image")[:1]
+        (['ast', 'cnn'], ['timm'])
+    """
+    _import_families()
+    return sorted(_ENCODERS[modality])
+
+
+def build_encoder(modality: str, name: str, settings: EncoderSettings) -> Any:
+    """Build the `modality` encoder registered under `name` from `settings`.
+
+    Raises:
+        KeyError: No such encoder; the message lists the registered ones.
+
+    Example:
+        >>> build_encoder("image", "timm", EncoderSettings(dim=8, backbone="test_resnet")).output_dim
+        8
+    """
+    _import_families()
+    known = _ENCODERS[modality]
+    if name not in known:
+        raise KeyError(f"unknown {modality} encoder {name!r}; registered: {', '.join(sorted(known))}")
+    return known[name](settings)
 
 
 def _import_families() -> None:

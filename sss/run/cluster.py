@@ -303,7 +303,7 @@ def preflight_rendezvous(timeout: float, env: Mapping[str, str] | None = None) -
 
 
 def _check_in(rank: int, world: int, address: str, port: int, timeout: float, env: Mapping[str, str]) -> Any:
-    from torch.distributed import DistError, TCPStore
+    from torch.distributed import DistError
 
     who = f"pre-flight rendezvous: rank {rank} of {world}"
     check = _CHECK.format(port=port)
@@ -315,26 +315,7 @@ def _check_in(rank: int, world: int, address: str, port: int, timeout: float, en
             f"{who} could not reach the master (rank 0) at {address}:{port} within {timeout:g} s "
             f"(trainer.rendezvous_timeout; last: {unreachable}). {check}; rank 0's own error, if it started, says more."
         )
-    try:
-        store = TCPStore(
-            address,
-            port,
-            None,  # no count of clients to wait for: the keys below say who came
-            serve,
-            timedelta(seconds=max(1.0, deadline - time.monotonic())),
-            wait_for_workers=False,
-            multi_tenant=True,  # the process group's rendezvous on this port, in this process, shares the server
-        )
-    except DistError as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        if serve:
-            raise RendezvousError(
-                f"{who} could not serve the rendezvous on port {port} ({first}): another program (an earlier "
-                "run still going?) holds it; choose another --main_process_port (MASTER_PORT)"
-            ) from None
-        raise RendezvousError(
-            f"{who} could not join the master's store at {address}:{port} ({first}). {check}."
-        ) from None
+    store = _open_store(who, address, port, serve, deadline)
     prefix = f"sss/preflight/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     verdict, told = f"{prefix}verdict", f"{prefix}told"
     try:
@@ -370,6 +351,32 @@ def _check_in(rank: int, world: int, address: str, port: int, timeout: float, en
             f"{check}."
         ) from None
     return store
+
+
+def _open_store(who: str, address: str, port: int, serve: bool, deadline: float) -> Any:
+    # The TCPStore of the check-in: served here (rank 0 without torchrun's agent), else joined at address:port.
+    from torch.distributed import DistError, TCPStore
+
+    try:
+        return TCPStore(
+            address,
+            port,
+            None,  # no count of clients to wait for: the keys below say who came
+            serve,
+            timedelta(seconds=max(1.0, deadline - time.monotonic())),
+            wait_for_workers=False,
+            multi_tenant=True,  # the process group's rendezvous on this port, in this process, shares the server
+        )
+    except DistError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if serve:
+            raise RendezvousError(
+                f"{who} could not serve the rendezvous on port {port} ({first}): another program (an earlier "
+                "run still going?) holds it; choose another --main_process_port (MASTER_PORT)"
+            ) from None
+        raise RendezvousError(
+            f"{who} could not join the master's store at {address}:{port} ({first}). {_CHECK.format(port=port)}."
+        ) from None
 
 
 def _unreachable(address: str, port: int, deadline: float) -> OSError | None:

@@ -126,6 +126,11 @@ def _download(resume: str, checkpoints: Path) -> Path:
         ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return _verified_download(resume, target, where, repo)
+
+
+def _verified_download(resume: str, target: Path, where: str, repo: str) -> Path:
+    # The downloaded checkpoint checked against its marker; a damaged one stays where it is, named.
     try:
         meta = verify_checkpoint(target)
     except DamagedCheckpointError as exc:

@@ -27,11 +27,13 @@ __all__ = [
     "apply_launch_settings",
     "child_environment",
     "launch_command",
+    "launch_or_run",
     "launcher_argv",
     "launcher_flags",
     "record_rank_error",
     "relaunch",
     "resolve_launch",
+    "resolved_overrides",
     "single_process_launch",
 ]
 
@@ -216,6 +218,11 @@ def single_process_launch(env: Mapping[str, str] | None = None, argv: list[str] 
         processes = accelerate_config(args.config_file)[0].get("num_processes", 1)
     if int(processes) <= 1:
         return None
+    return _started_alone(args, tokens, processes)
+
+
+def _started_alone(args: Any, tokens: list[str], processes: Any) -> str:
+    # The message of `single_process_launch`: why, the command that starts them all, and where they would run.
     flags = tokens[: tokens.index(args.training_script)] if args.training_script in tokens else []
     kept = [t for t in flags if t not in ("--cpu", "--multi_gpu", "--multi-gpu")]
     given = any(t.split("=")[0] in ("--num_processes", "--num-processes") for t in kept)
@@ -319,6 +326,39 @@ def apply_launch_settings(
         shown = ", ".join(f"{s.key}={s.value} ({s.source})" for s in settings)
         print(f"sss: {shown}" + (" -> --debug: mixed_precision=no" if debug else ""), flush=True)
     return int(next((s.value for s in settings if s.key == "num_processes"), 1))
+
+
+def resolved_overrides(cfg: Any) -> list[str]:
+    """The precision and accumulation `apply_launch_settings` resolved into `cfg`, as overrides for launched ranks.
+
+    Example:
+        >>> from sss.config import load_config
+        >>> resolved_overrides(load_config(None, ["trainer.gradient_accumulation_steps=4"]))
+        ['trainer.mixed_precision=auto', 'trainer.gradient_accumulation_steps=4']
+    """
+    return [
+        f"trainer.mixed_precision={cfg.trainer.mixed_precision}",
+        f"trainer.gradient_accumulation_steps={cfg.trainer.gradient_accumulation_steps}",
+    ]
+
+
+def launch_or_run(
+    num_processes: int | None, args: list[str], traceback: bool = False, rerun: Rerun | None = None
+) -> int | None:
+    """Launch or run here: `relaunch` ``sss ARGS`` in N processes and return its exit code; None to run in this process.
+
+    ``sss fit``, ``tune``, ``validate`` and ``test`` relaunch themselves when more than one process is
+    asked for and this process is not already one of a launched group (``LOCAL_RANK`` set).
+
+    Example:
+        >>> launch_or_run(1, ["fit", "x.yaml"]) is None  # one process: this one runs the command
+        True
+        >>> launch_or_run(None, ["validate", "--ckpt", "x"]) is None
+        True
+    """
+    if not num_processes or num_processes <= 1 or "LOCAL_RANK" in os.environ:
+        return None
+    return relaunch(num_processes, args, traceback, rerun)
 
 
 def relaunch(num_processes: int, args: list[str], traceback: bool = False, rerun: Rerun | None = None) -> int:

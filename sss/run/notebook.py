@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from sss.config import ConfigError, SSSConfig, check_config, load_config, to_yaml
 
@@ -131,24 +133,36 @@ def launch_description(num_processes: int, cpu: bool = False) -> str:
     return f"launching {num_processes} processes, one CUDA GPU each (of {gpus}): one nccl process group"
 
 
+class _WithoutLine(io.TextIOBase):
+    # A stdout that passes every line through except those starting with `prefix`; a line is held
+    # until its end is written, and a flush passes on what cannot become such a line.
+    def __init__(self, target: TextIO, prefix: str) -> None:
+        self.target, self.prefix, self.pending = target, prefix, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            if not line.startswith(self.prefix):
+                self.target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not (self.pending.startswith(self.prefix) or self.prefix.startswith(self.pending)):
+            self.target.write(self.pending)
+            self.pending = ""
+        self.target.flush()
+
+
 @contextlib.contextmanager
 def _without_accelerates_device_line() -> Iterator[None]:
     # notebook_launcher prints "Launching training on N CUDAs." whatever it launches (its device
-    # guess falls back to CUDA on a CPU-only machine); sss printed what it really starts. Its other
-    # lines pass: the name `print` in accelerate.launchers shadows the builtin while this runs.
-    import builtins
-
-    import accelerate.launchers as launchers
-
-    def quieter(*args: object, **kwargs: object) -> None:
-        if not (args and str(args[0]).startswith("Launching training on ")):
-            builtins.print(*args, **kwargs)
-
-    launchers.print = quieter
-    try:
+    # guess falls back to CUDA on a CPU-only machine); sss printed what it really starts. The kernel's
+    # stdout drops that one line while the launch runs; Accelerate's own module is left as it is.
+    quieter = _WithoutLine(sys.stdout, "Launching training on ")
+    with contextlib.redirect_stdout(quieter):
         yield
-    finally:
-        del launchers.print
+    quieter.flush()
 
 
 def _fit_and_report(cfg: SSSConfig, resume: str | None, out: str) -> None:

@@ -67,8 +67,6 @@ def predict(
     onnxruntime instead of building the PyTorch module (`sss.onnx_export.OnnxRunner`; CUDA when
     `device` is ``cuda`` and onnxruntime-gpu is installed); the same CSV. It takes no ``model.*`` override.
     """
-    from sss.data.manifest import ManifestDataset
-
     model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
     if output.exists():
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
@@ -78,11 +76,25 @@ def predict(
         module, reading = _onnx_model(model_dir, list(overrides), device)
     else:
         module, reading = _model(model_dir, list(overrides), device, trust_code)
-    settings = {key: prep[key] for key in SETTINGS if key in prep}
     skip_log = output.with_name(f"{output.stem}.skipped.csv")
     if reading.get("on_error") == "skip" and skip_log.exists():
         raise FileExistsError(f"{skip_log} already exists (the rows data.on_error=skip leaves out go there); remove it")
-    dataset = ManifestDataset(
+    dataset = _dataset(manifest, prep, reading, skip_log)
+    classes = prep.get("classes") or dataset.classes
+    multilabel = prep.get("task") == "multilabel"
+    with _partial_file(output) as f:
+        _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
+    if skipped := dataset.skip_log.rows():
+        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
+    return output
+
+
+def _dataset(manifest: Path, prep: dict[str, Any], reading: dict[str, Any], skip_log: Path) -> Any:
+    # The manifest's rows, decoded as the model folder's preprocessing.json says (labels optional).
+    from sss.data.manifest import ManifestDataset
+
+    settings = {key: prep[key] for key in SETTINGS if key in prep}
+    return ManifestDataset(
         manifest.parent,
         manifest.stem,
         classes=prep.get("classes"),
@@ -91,13 +103,6 @@ def predict(
         **settings,
         **reading,
     )
-    classes = prep.get("classes") or dataset.classes
-    multilabel = prep.get("task") == "multilabel"
-    with _partial_file(output) as f:
-        _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
-    if skipped := dataset.skip_log.rows():
-        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
-    return output
 
 
 @contextlib.contextmanager

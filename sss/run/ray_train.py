@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sss._lock import folder_holder
 from sss.callbacks.base import Callback
-from sss.checkpoint import complete_checkpoints, folder_holder, holds_run
 from sss.config import SSSConfig
-from sss.errors import SSSError
+from sss.errors import RunFolderError, SSSError
+from sss.run.folder import ray_output_dir
 
 __all__ = ["RAY_MISSING", "RayEngineError", "RayReport", "WorkerRefusal", "fit_with_ray"]
 
@@ -165,18 +166,7 @@ def fit_with_ray(
         ...
         sss.run.ray_train.RayEngineError: sss fit --engine ray --resume runs/x/checkpoints/step_0000010: ...
     """
-    if num_workers < 1:
-        raise RayEngineError(f"--num-workers must be >= 1, got {num_workers}")
-    if max_failures < -1:
-        raise RayEngineError(f"--max-failures must be >= -1 (-1: restart without limit), got {max_failures}")
-    resume = cfg.trainer.resume if resume is None else resume
-    resume = None if resume == "never" else resume
-    if resume not in (None, "auto", "latest"):
-        raise RayEngineError(
-            f"sss fit --engine ray --resume {resume}: a Ray run continues from the newest checkpoint of its "
-            "OUTPUT_DIR (--resume or --resume auto), since that is what a restarted worker group resumes; to "
-            "continue from this checkpoint, run without --engine ray"
-        )
+    resume = _checked_arguments(cfg, num_workers, max_failures, resume)
     _import_ray()
     import ray
 
@@ -194,6 +184,23 @@ def fit_with_ray(
     finally:
         if started:
             ray.shutdown()
+
+
+def _checked_arguments(cfg: SSSConfig, num_workers: int, max_failures: int, resume: str | None) -> str | None:
+    # The arguments a Ray run can work with, checked before Ray is imported; returns the resume mode.
+    if num_workers < 1:
+        raise RayEngineError(f"--num-workers must be >= 1, got {num_workers}")
+    if max_failures < -1:
+        raise RayEngineError(f"--max-failures must be >= -1 (-1: restart without limit), got {max_failures}")
+    resume = cfg.trainer.resume if resume is None else resume
+    resume = None if resume == "never" else resume
+    if resume not in (None, "auto", "latest"):
+        raise RayEngineError(
+            f"sss fit --engine ray --resume {resume}: a Ray run continues from the newest checkpoint of its "
+            "OUTPUT_DIR (--resume or --resume auto), since that is what a restarted worker group resumes; to "
+            "continue from this checkpoint, run without --engine ray"
+        )
+    return resume
 
 
 def _import_ray() -> None:
@@ -237,30 +244,11 @@ def _check_address(address: str | None) -> None:
 
 
 def _output_folder(cfg: SSSConfig, resume: str | None) -> Path:
-    # Decided here, once, for every attempt: the workers continue this folder (--resume auto), so a fresh
-    # run must start in one that holds no run, as a fresh `sss fit` picks it (runs/<name>, else _1, _2, ...).
-    chosen, default = cfg.trainer.output_dir or f"runs/{cfg.name}", f"runs/{cfg.name}"
-    numbered = chosen == default if cfg.output_dir_given is None else not cfg.output_dir_given
-    if resume == "auto":
-        return Path(chosen)
-    runs, n = [], 0
-    while numbered and holds_run(Path(chosen)):
-        runs.append(chosen)
-        n += 1
-        chosen = f"{default}_{n}"
-    if resume is None:
-        if not numbered and holds_run(Path(chosen)):
-            raise RayEngineError(
-                f"trainer.output_dir {chosen} already holds a run (results, checkpoints or a live run's lock): "
-                "continue it with --resume auto, or give this run another folder (trainer.output_dir)"
-            )
-        return Path(chosen)
-    # latest: the newest run folder with a complete checkpoint, as `sss fit --resume` takes it
-    found = next((r for r in reversed(runs or [chosen]) if complete_checkpoints(Path(r) / "checkpoints")), None)
-    if found is None:
-        folder = Path(runs[-1] if runs else chosen) / "checkpoints"
-        raise RayEngineError(f"--resume: no complete checkpoint in {folder}; train without --resume first")
-    return Path(found)
+    # Decided here, once, for every attempt: the workers continue this folder (--resume auto).
+    try:
+        return ray_output_dir(cfg, resume)
+    except RunFolderError as exc:
+        raise RayEngineError(str(exc)) from None
 
 
 def _fit(cfg: SSSConfig, num_workers: int, max_failures: int, env: dict[str, str], callbacks: list[Any]) -> dict:
@@ -338,8 +326,8 @@ def _worker(config: dict[str, Any]) -> None:
     quiet_refusals()  # the driver prints the refusal's one line; Ray would log its traceback here too
     try:
         run_fit(config["cfg"], resume="auto", callbacks=[RayReport(config["every_n_steps"])])
-    except SystemExit as exc:  # sss's refusals end a command with SystemExit; in a worker thread it must raise
-        raise WorkerRefusal(str(exc.code).removeprefix("error: "), 1) from None
+    except RunFolderError as exc:  # a refusal of the folder (a finished run): the same on every restart
+        raise WorkerRefusal(str(exc), exc.exit_code) from None
     except (ConfigError, DataError) as exc:
         raise WorkerRefusal(" ".join(str(exc).split()), exc.exit_code) from None
 

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import math
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from sss.errors import SSSError
 from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["LRFindError", "LRFindResult", "lr_find", "sparkline", "steepest_descent", "write_result"]
+__all__ = ["LRFindError", "LRFindResult", "lr_find", "print_result", "sparkline", "steepest_descent", "write_result"]
 
 LR_KEY = "trainer.optim.optimizer.lr"
 
@@ -354,3 +355,35 @@ def write_result(result: LRFindResult, folder: str | Path) -> tuple[Path, Path]:
         fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)
     return json_path, png_path
+
+
+def print_result(result: LRFindResult, folder: str | Path, config: str, overrides: list[str], apply: bool) -> int:
+    """Write the curve to `folder` (`write_result`) and print ``sss tune lr``'s summary; the command's exit code.
+
+    The suggestion is printed as the override that sets it; with `apply`, also as the ``sss fit``
+    command line of `config` and `overrides` with it. No suggestion (the notes say why) exits 1.
+
+    Example:
+        >>> import tempfile
+        >>> result = LRFindResult(lrs=[1e-3, 1e-2, 1e-1], losses=[1.0, 0.5, 2.0], suggestion=1e-2)
+        >>> with tempfile.TemporaryDirectory() as tmp:  # doctest: +ELLIPSIS
+        ...     print_result(result, tmp, "x.yaml", ["trainer.optim.optimizer.lr=1"], apply=True)
+        lr range test: 3 steps, lr 1.00e-03 .. 1.00e-01
+        ...
+        suggested lr: 1.00e-02 (steepest descent of the smoothed loss); use trainer.optim.optimizer.lr=1.00e-02
+        sss fit x.yaml trainer.optim.optimizer.lr=1.00e-02
+        0
+    """
+    json_path, png_path = write_result(result, folder)
+    print(f"lr range test: {len(result.lrs)} steps, lr {result.lrs[0]:.2e} .. {result.lrs[-1]:.2e}")
+    print(f"  {result.lrs[0]:.0e} {sparkline(result.lrs, result.losses)} {result.lrs[-1]:.0e}")
+    print(f"curve: {png_path} and {json_path}")
+    if result.suggestion is None:
+        print("no suggestion: " + " ".join(result.notes), file=sys.stderr)
+        return 1
+    override = f"{LR_KEY}={result.suggestion:.2e}"
+    print(f"suggested lr: {result.suggestion:.2e} (steepest descent of the smoothed loss); use {override}")
+    if apply:
+        kept = [o for o in overrides if not o.startswith(f"{LR_KEY}=")]
+        print("sss fit " + " ".join([config, *kept, override]))
+    return 0

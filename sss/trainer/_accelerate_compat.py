@@ -3,16 +3,21 @@
 Every workaround has two tests in ``tests/trainer/test_accelerate_compat.py``: one that shows the
 upstream behaviour still needs it (it fails once Accelerate changes: then delete the workaround)
 and one that our path is correct. Written against Accelerate 1.15.
+
+Nothing here assigns into Accelerate's modules or classes (``tests/trainer/test_no_accelerate_patch.py``):
+a library must not change a third-party library under its user's feet. Three functions set an
+attribute of the trainer's own `Accelerator` instance, each said in its docstring:
+`clip_grad_norm_` (``native_amp``, for one call), `close_window_early` (``step``, Accelerate's
+micro-batch counter) and `backward_without_unit_division` (``backward``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import sys
 from collections.abc import Iterable
 from typing import Any
 
-import accelerate.optimizer
 import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
@@ -21,7 +26,6 @@ from accelerate.utils import DistributedType
 __all__ = [
     "accumulate",
     "backward_without_unit_division",
-    "cache_package_probes",
     "clip_grad_norm_",
     "close_window_early",
     "end_skipped_step",
@@ -38,7 +42,8 @@ def clip_grad_norm_(accelerator: Accelerator, parameters: Iterable[torch.Tensor]
     Upstream: ``clip_grad_norm_`` always calls ``unscale_gradients()`` first, and torch's GradScaler
     refuses a second ``unscale_`` in one step ("unscale_() has already been called on this optimizer
     since the last update()", accelerate#641, transformers#23935). The loop unscales once, before
-    AFTER_BACKWARD, so that callbacks see true-scale gradients; this hides the scaler from the one call.
+    AFTER_BACKWARD, so that callbacks see true-scale gradients; this hides the scaler from the one call
+    by setting ``native_amp`` on this `Accelerator` instance, restored on return or error.
 
     Example:
         >>> from torch import nn
@@ -125,12 +130,14 @@ def optimizer_step(optimizer: Any) -> None:
 
     Upstream: ``AcceleratedOptimizer.step`` reads ``ACCELERATE_USE_FSDP`` from the environment
     (through ``GradientState.is_xla_gradients_synced``), compares the distributed type with XLA
-    twice and asks whether ``lomo_optim`` is installed, at every call (accelerate#2695); then, with
-    no loss scaler at a sync step, it calls the inner optimizer's ``step()`` and nothing else (about
-    8 µs per step here). Where every one of those checks says "nothing to do" (the exact upstream
-    class, no scaler, gradients synced, not XLA, no LOMO package), this calls the inner ``step()``;
-    anything else (fp16's scaler, XLA, LOMO, DeepSpeed's wrapper) goes through upstream's own ``step``.
-    ``optimizer_step_was_skipped`` stays right: without a scaler upstream never sets it.
+    twice and asks whether ``lomo_optim`` is installed (a search of ``sys.path``, about 65 µs), at
+    every call (accelerate#2695); then, with no loss scaler at a sync step, it calls the inner
+    optimizer's ``step()`` and nothing else. Where every one of those checks says "nothing to do"
+    (the exact upstream class, no scaler, gradients synced, not XLA, no LOMO optimizer), this calls
+    the inner ``step()``; anything else (fp16's scaler, XLA, LOMO, DeepSpeed's wrapper) goes through
+    upstream's own ``step``. An optimizer can only be one of ``lomo_optim``'s once that package is
+    imported, so "no LOMO optimizer" is read from ``sys.modules`` (a dict lookup), not from the
+    installed packages. ``optimizer_step_was_skipped`` stays right: without a scaler upstream never sets it.
 
     Example:
         >>> weight = torch.ones(1, requires_grad=True)
@@ -143,7 +150,7 @@ def optimizer_step(optimizer: Any) -> None:
         and optimizer.scaler is None
         and optimizer.gradient_state.sync_gradients
         and optimizer.accelerator_state.distributed_type != DistributedType.XLA
-        and not accelerate.optimizer.is_lomo_available()  # cached by cache_package_probes at fit start
+        and "lomo_optim" not in sys.modules  # upstream's LOMO branch needs an optimizer of that package
     ):
         optimizer.optimizer.step()
     else:
@@ -156,8 +163,9 @@ def close_window_early(accelerator: Accelerator) -> None:
     Upstream: ``accumulate`` syncs at a multiple of ``gradient_accumulation_steps`` or at the end of
     the prepared loader, and has no call to end a window early (accelerate#1847 documents the
     loader coupling). An epoch cut short by ``limit_train_batches`` ends before the loader does, so
-    this sets Accelerate's micro-batch counter one short of a multiple: the next ``accumulate``
-    reaches it and syncs, and the next window starts from a multiple, as after a full one.
+    this sets Accelerate's micro-batch counter (``step``, an attribute of this `Accelerator`
+    instance) one short of a multiple: the next ``accumulate`` reaches it and syncs, and the next
+    window starts from a multiple, as after a full one.
 
     Example:
         >>> accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
@@ -167,23 +175,6 @@ def close_window_early(accelerator: Accelerator) -> None:
         True
     """
     accelerator.step = accelerator.gradient_accumulation_steps - 1
-
-
-def cache_package_probes() -> None:
-    """Cache Accelerate's per-step probe for the optional ``lomo_optim`` package (a no-op after the first call).
-
-    Upstream: ``AcceleratedOptimizer.step`` calls ``is_lomo_available()`` (a search of ``sys.path``)
-    twice per step since LOMO support came in (accelerate#2695): about 65 µs per step here. Whether
-    the package is installed cannot change mid-run.
-
-    Example:
-        >>> cache_package_probes()
-        >>> import accelerate.optimizer
-        >>> hasattr(accelerate.optimizer.is_lomo_available, "cache_info")
-        True
-    """
-    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
-        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
 
 
 def backward_without_unit_division(accelerator: Accelerator) -> None:
@@ -198,7 +189,8 @@ def backward_without_unit_division(accelerator: Accelerator) -> None:
     DeepSpeed engine wrapper and the Megatron-LM plugin, which Accelerate stores only when it uses
     them). Dividing by 1 is exact in every float format, so the gradients are bitwise the same
     (tested). Count and scaler are read at each call; any other case calls Accelerate's own
-    ``backward``. Installed once per Accelerator (an instance attribute; a no-op the second time).
+    ``backward``. Installed once per Accelerator as an attribute of that instance (a no-op the
+    second time); the `Accelerator` class and every other instance keep upstream's ``backward``.
 
     Example:
         >>> accelerator = Accelerator(cpu=True)

@@ -1,11 +1,11 @@
-"""`SplittingRunner`: the micro-batch runner of ``trainer.auto_batch_size``, which splits batches after an OOM."""
+"""Micro-batch runners: the `MicroBatchRunner` protocol, and `SplittingRunner`, which splits batches after an OOM."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -15,7 +15,24 @@ from sss.trainer._accelerate_compat import zero_grad
 from sss.trainer._batches import batch_size, split_batch, step_loss
 from sss.trainer.state import TrainState
 
-__all__ = ["SplittingRunner"]
+__all__ = ["MicroBatchRunner", "SplittingRunner"]
+
+
+class MicroBatchRunner(Protocol):
+    """What the training step calls for each micro-batch: ``training_step`` and backward; returns the detached loss.
+
+    The trainer chooses one at set-up: its plain forward and backward, or a `SplittingRunner` under
+    ``trainer.auto_batch_size``. It runs inside ``accelerator.accumulate``.
+
+    Example:
+        >>> def runner(batch: Any, batch_idx: int) -> torch.Tensor:
+        ...     return torch.zeros(())
+        >>> chosen: MicroBatchRunner = runner
+        >>> chosen({"image": torch.zeros(1)}, 0)
+        tensor(0.)
+    """
+
+    def __call__(self, batch: Any, batch_idx: int) -> torch.Tensor: ...
 
 
 class SplittingRunner:

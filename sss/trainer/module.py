@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from sss.trainer._batches import batch_size
-from sss.trainer._logging import Logged, new_buffer
+from sss.trainer._logged import Logged, new_buffer
 
 __all__ = ["LitModule", "WrappedModel", "compute_metrics", "output_logits"]
 

@@ -54,6 +54,30 @@ def cosine_with_warmup(
         >>> round(opt.param_groups[0]["lr"], 3)
         0.5
     """
+    warmup, decay = _phases(total_steps, warmup_steps, min_lr_ratio, warmup_ratio, decay_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        if decay is None:  # the decay takes every step after the warm-up (the formula of earlier versions)
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        elif step < total_steps - decay:
+            return 1.0  # the stable phase
+        else:
+            progress = min(1.0, (step - (total_steps - decay)) / decay) if decay > 0 else 1.0
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _phases(
+    total_steps: int,
+    warmup_steps: int | None,
+    min_lr_ratio: float,
+    warmup_ratio: float | None,
+    decay_ratio: float | None,
+) -> tuple[float, float | None]:
+    # The warm-up and decay lengths in steps (None: the decay takes every step after the warm-up), checked.
     for name, ratio in (("warmup_ratio", warmup_ratio), ("decay_ratio", decay_ratio)):
         if ratio is not None and not 0.0 <= ratio < 1.0:
             raise ConfigError(f"{_KEY}.{name}: a fraction of the run's steps in [0, 1), got {ratio!r}")
@@ -77,16 +101,4 @@ def cosine_with_warmup(
             f"{_KEY}: the warm-up ({warmup:g} steps) and the decay_ratio={decay_ratio} decay ({decay:g} steps) "
             f"together exceed the run's {total_steps} optimizer steps: lower one of them"
         )
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return step / warmup
-        if decay is None:  # the decay takes every step after the warm-up (the formula of earlier versions)
-            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        elif step < total_steps - decay:
-            return 1.0  # the stable phase
-        else:
-            progress = min(1.0, (step - (total_steps - decay)) / decay) if decay > 0 else 1.0
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return warmup, decay

@@ -55,9 +55,10 @@ class TrainState:
     logs: dict[str, Any] = field(default_factory=dict)
     """Scalars callbacks publish for the trackers (e.g. ``{"train/grad_norm/audio": 0.3}``), and the step
     values the module logs (``self.log``), published at every ``trainer.log.every_n_steps``-th step; the
-    metrics logger writes them at its next logging step and clears them. Values may be one-element device
-    tensors until a logging step reads them all at once (`sss.callbacks.metrics_logger.step_figures`: one
-    host sync), and are floats after that."""
+    metrics logger writes them at its next logging step, and the trainer clears them once every callback
+    has handled that step (AFTER_OPTIMIZER_STEP), so their order does not matter. Values may be one-element
+    device tensors until a logging step reads them all at once (`sss.callbacks.metrics_logger.step_figures`:
+    one host sync), and are floats after that."""
     bar: dict[str, float] = field(default_factory=dict)
     """Latest value of each name the module logged with ``self.log(..., prog_bar=True)``, for the progress bar."""
     skip_step: bool = False

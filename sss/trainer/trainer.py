@@ -1,8 +1,9 @@
 """`SSSTrainer`: the training loop, thin over an Accelerate `Accelerator`.
 
-Read it top to bottom: `fit` -> `_train_epoch` -> `_train_step` -> `_optimizer_step`. Hardware,
-precision, gradient sync and sharding belong to Accelerate; the loop never branches on the
-distributed type. The map of events is in the `Event` docstring (``sss/callbacks/base.py``).
+Read it top to bottom: `fit` -> `_train_epoch` -> `_train_step` -> `_optimizer_step`; every
+evaluation, the sanity validation included, is one pass (`_eval_pass`). Hardware, precision,
+gradient sync and sharding belong to Accelerate; the loop never branches on the distributed type.
+The map of events is in the `Event` docstring (``sss/callbacks/base.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from sss.config import ConfigError, TrainerConfig
 from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss, zeroed
 from sss.trainer._dispatch import EMPTY as EMPTY_DISPATCH
 from sss.trainer._dispatch import DispatchTable
-from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_validate
-from sss.trainer._logging import ModuleLogs, stamp
-from sss.trainer._oom import SplittingRunner
+from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_batches, sanity_note
+from sss.trainer._logged import ModuleLogs, stamp
+from sss.trainer._oom import MicroBatchRunner, SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._resume import check_resumable, marker_meta, restore_rng_and_position
 from sss.trainer._setup import (
@@ -138,12 +139,13 @@ class SSSTrainer:
         """Optimizer steps this fit will run (0 when unknown: an unsized loader without max_steps)."""
         self.stop = StopRequest()
         """A stop asked by a signal (the checkpoint callback's handler): the loop leaves an evaluation pass for it."""
-        self._grads_checked = False
+        self._grads_checked = self._batch_checked = False
         self._epoch_finished = self._epoch_counted = False
         self._resume_batches = 0
         self._resume_rng: dict[str, Any] | None = None
-        self._run_batch: Any = self._forward_backward  # a SplittingRunner under trainer.auto_batch_size
-        self._logs = ModuleLogs()  # what the module logs with self.log, collected and reduced (sss/trainer/_logging.py)
+        self._run_batch: MicroBatchRunner | None = None  # chosen at set-up: _forward_backward or a SplittingRunner
+        self._train_call: Any = None  # chosen at set-up: what a step calls to run the module (_StepRouter.caller)
+        self._logs = ModuleLogs()
         self._val_loader: Any = None  # the fit's validation loader, for trainer.val_every_n_steps
         self._dispatch = EMPTY_DISPATCH  # event -> the callbacks' methods that override it (built in _fire)
         self._resize_history: tuple[TrainState | None, list[dict[str, int]]] = (None, [])
@@ -171,7 +173,7 @@ class SSSTrainer:
                 self.load_checkpoint(ckpt_path)
             self._fire(Event.FIT_START)
             if ckpt_path is None:  # validation_step and compute_metrics fail in seconds; skipped on resume
-                sanity_validate(self, val_loader)
+                self._sanity_validate(val_loader)
             while not self._should_finish():
                 self._train_epoch(train_loader, val_loader)
             self._fire(Event.FIT_END)
@@ -206,7 +208,7 @@ class SSSTrainer:
         if self._resume_rng is not None:  # resumed after the epoch's last batch: nothing was left to run
             ckpt_io.set_rng_state(self._resume_rng)
             self._resume_rng = None
-        self._logs.end_epoch(self.module, state, self.accelerator)  # self.log(..., on_epoch=True) means
+        self._logs.end_epoch(self.module, state, self.accelerator)  # self.log(..., on_epoch=True) -> state.metrics
         last_epoch = cfg.max_epochs is not None and self._epoch_finished and state.epoch + 1 >= cfg.max_epochs
         ending = last_epoch or state.should_stop or self._max_steps_reached()
         due = self._epoch_finished and (state.epoch + 1) % cfg.val_every_n_epochs == 0
@@ -238,7 +240,9 @@ class SSSTrainer:
         step = state.global_step
         self._fire(Event.BATCH_START)
         with compat.accumulate(accelerator, self.model):  # accelerator.accumulate(self.model), less window-1 no-ops
-            state.loss = self._run_batch(batch, batch_idx)  # training_step and backward
+            if not self._batch_checked:  # the batch contract (sss.data.contract), on the fit's first batch only
+                self._batch_checked = check_first_batch(batch, self.module)
+            state.loss = self._run_batch(batch, batch_idx)
             state.micro_step += 1
             state.samples += batch_size(batch) * accelerator.num_processes
             if accelerator.sync_gradients:  # the end of an accumulation window
@@ -254,14 +258,9 @@ class SSSTrainer:
         return n is not None and step > 0 and step % n == 0 and self._val_loader is not None
 
     def _validate_mid_epoch(self) -> None:
-        # The pass leaves training as it found it: the val loader's __iter__ draws a seed from the global
-        # RNG, and one left early (limit_val_batches) stays on Accelerate's dataloader stack, where it would
-        # hide the end of the training loader (the last window's sync).
-        rng, stack = ckpt_io.get_rng_state(), list(self.accelerator.gradient_state.dataloader_references)
-        with contextlib.suppress(EvaluationStopped):  # a signal: the checkpoint callback saves at BATCH_END
+        # A side pass: training continues as without it. A signal leaves it; the checkpoint callback saves at BATCH_END.
+        with self._side_pass(), contextlib.suppress(EvaluationStopped):
             self._evaluate(self._val_loader, "val")
-        self.accelerator.gradient_state.dataloader_references = stack
-        ckpt_io.set_rng_state(rng)
 
     def _optimizer_step(self) -> None:
         state, accelerator, cfg = self.state, self.accelerator, self.config
@@ -292,11 +291,13 @@ class SSSTrainer:
         state.lr = self.optimizer.param_groups[0]["lr"]
         self._logs.end_window(self.module, state, cfg.log.every_n_steps, replays=cfg.auto_batch_size)
         self._fire(Event.AFTER_OPTIMIZER_STEP)
+        if not skipped and state.global_step % cfg.log.every_n_steps == 0:
+            state.logs.clear()  # every callback has read this logging step's values, whatever their order
         compat.zero_grad(self.optimizer)
         state.micro_step = 0
 
     def _forward_backward(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        # The default micro-batch runner; trainer.auto_batch_size swaps in a SplittingRunner.
+        # The micro-batch runner of a fit without trainer.auto_batch_size (a MicroBatchRunner).
         loss = step_loss(self._train_call("training_step", batch, batch_idx))
         self.accelerator.backward(loss)
         return loss.detach()
@@ -383,31 +384,84 @@ class SSSTrainer:
         state = self.state
         previous, state.stage = state.stage, "test" if prefix.startswith("test") else "val"
         self._fire(Event.VALIDATION_START)
+        try:
+            metrics, outputs = self._eval_pass(loader, prefix, self.config.limit_val_batches, zero)
+        except EvaluationStopped:  # a signal left the pass after a batch: nothing of it is kept
+            state.stage, self.stop.during = previous, self.stop.during or "validation"
+            raise
+        state.metrics.update(metrics)
+        state.eval_metrics, state.eval_outputs = metrics, outputs
+        self._fire(Event.VALIDATION_END)
+        state.stage = previous
+        return metrics
+
+    def _sanity_validate(self, loader: Any) -> None:
+        # As Lightning's num_sanity_val_steps: a crash in validation_step or compute_metrics surfaces before the first
+        # step. The evaluation pass's sanity mode, as a side pass: training continues as without it (docs/trainer.md).
+        batches = sanity_batches(self.config, loader)
+        if not batches:
+            return
+        try:
+            with self._side_pass(rewind=loader):
+                self._eval_pass(loader, "val", batches, sanity=True)
+        except Exception as exc:
+            exc.add_note(sanity_note(batches))
+            raise
+
+    def _eval_pass(
+        self, loader: Any, prefix: str, limit: int | None, zero: str | None = None, sanity: bool = False
+    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """The one evaluation pass: `limit` batches through ``validation_step``, gathered, then `compute_metrics`.
+
+        Returns the pass's metrics, with the means of what ``validation_step`` logged (``<prefix>/<name>``),
+        and the gathered outputs. It fires no event and leaves the model in the mode it found. In the
+        `sanity` mode (the sanity validation) the first batch is checked against the batch contract, a
+        stop is not looked for, and the logged values' names are checked into a throwaway state.
+        """
         was_training = self.model.training
         self.model.eval()
         self._logs.start_eval(self.module)
         chunks: dict[str, list[torch.Tensor]] = {}
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(itertools.islice(loader, self.config.limit_val_batches)):
-                if zero is not None:
-                    batch = zeroed(batch, zero)
-                outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
-                for key, value in outputs.items():
-                    chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
-                if self.stop.agreed(self.accelerator):  # a signal: leave after this batch, keeping nothing of the pass
-                    self.model.train(was_training)
-                    state.stage, self.stop.during = previous, self.stop.during or "validation"
-                    raise EvaluationStopped(prefix)
-        joined = {key: torch.cat(values) for key, values in chunks.items()}
-        metrics = {f"{prefix}/{k}": v for k, v in self._compute_metrics(joined).items()} if joined else {}
-        metrics = self._logs.end_eval(state, self.accelerator, prefix, metrics)  # self.log values: <prefix>/<name>
-        state.metrics.update(metrics)
-        state.eval_metrics = metrics
-        state.eval_outputs = joined
-        self.model.train(was_training)
-        self._fire(Event.VALIDATION_END)
-        state.stage = previous
-        return metrics
+        try:
+            with torch.no_grad():
+                for batch_idx, batch in enumerate(itertools.islice(loader, limit)):
+                    if sanity and batch_idx == 0:
+                        check_first_batch(batch, self.module, "validation")
+                    if zero is not None:
+                        batch = zeroed(batch, zero)
+                    outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
+                    for key, value in outputs.items():
+                        chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
+                    if not sanity and self.stop.agreed(self.accelerator):  # a signal: leave after this batch
+                        raise EvaluationStopped(prefix)
+            joined = {key: torch.cat(values) for key, values in chunks.items()}
+            metrics = {f"{prefix}/{k}": v for k, v in self._compute_metrics(joined).items()} if joined else {}
+            into = TrainState() if sanity else self.state  # a sanity pass keeps nothing, not even the bar's values
+            metrics = self._logs.end_eval(into, self.accelerator, prefix, metrics)  # self.log: <prefix>/<name>
+        finally:
+            self.model.train(was_training)
+        return metrics, joined
+
+    @contextlib.contextmanager
+    def _side_pass(self, rewind: Any = None) -> Iterator[None]:
+        """Around a pass beside training (the sanity and step validations): the run trains as without it.
+
+        Restores the RNG states, Accelerate's dataloader stack, the model's mode and `rewind`'s epoch counter.
+        """
+        # A loader's __iter__ draws a seed from the global RNG; one left before its end never takes itself off
+        # Accelerate's dataloader stack, where it would hide the end of the training loader (the last window's
+        # sync); one run to its end counts an epoch, which seeds its next shuffle.
+        gradient_state = self.accelerator.gradient_state
+        rng, was_training = ckpt_io.get_rng_state(), self.model.training
+        stack, epoch = list(gradient_state.dataloader_references), getattr(rewind, "iteration", None)
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+            ckpt_io.set_rng_state(rng)
+            gradient_state.dataloader_references = stack
+            if epoch is not None:
+                rewind.iteration = epoch
 
     def _validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         accelerator = self.accelerator
@@ -472,8 +526,7 @@ class SSSTrainer:
         and ranks the checkpoint has no RNG file for are seeded from process 0's
         (`sss.checkpoint.seed_missing_rng`).
         """
-        path = Path(path)
-        meta = ckpt_io.verify_checkpoint(path, resume=True)
+        path, meta = ckpt_io.verify_for_resume(path)  # a VerifiedCheckpoint (run_fit's) is not checked again
         check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record())
         ckpt_io.check_no_code_on_load(path)
         self.accelerator.load_state(str(path))
@@ -516,7 +569,6 @@ class SSSTrainer:
         from accelerate.utils import set_seed
 
         set_seed(self.config.seed)
-        compat.cache_package_probes()
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.setup("fit")
@@ -543,16 +595,17 @@ class SSSTrainer:
         optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
         router = _StepRouter(module)
         self.model, self.optimizer = self.accelerator.prepare(router, optimizer)
-        self._train_call = router.caller(self.model)  # self.model, or the router's forward where that is the same
+        self._train_call = router.caller(self.model)
         compat.backward_without_unit_division(self.accelerator)  # after prepare: an engine taking backward is known
         self.module = module
         if self.scheduler is not None:
             self.accelerator.register_for_checkpointing(self.scheduler)
-        self.state, self._grads_checked = TrainState(), False
-        self._run_batch = self._forward_backward
-        if self.config.auto_batch_size:
-            self._run_batch = SplittingRunner(self.accelerator, self.model, module, self.optimizer, self.state)
-        check_first_batch(self)  # the batch contract (sss.data.contract), on the loop's first batch only
+        self.state, self._grads_checked, self._batch_checked = TrainState(), False, False
+        self._run_batch = (  # chosen once: the step calls it for every micro-batch
+            SplittingRunner(self.accelerator, self.model, module, self.optimizer, self.state)
+            if self.config.auto_batch_size
+            else self._forward_backward
+        )
         return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:

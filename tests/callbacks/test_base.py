@@ -67,6 +67,7 @@ def test_event_order_matches_the_map_in_the_event_docstring():
 STEP_MAP = [
     ("Event.BATCH_START", "# BATCH_START"),
     ("accelerator.accumulate(self.model)", "with accelerator.accumulate(model):"),
+    ("check_first_batch(batch, self.module)", "check_first_batch (keys, dtypes, shapes)"),
     ("state.loss = self._run_batch(batch, batch_idx)", "state.loss = module.training_step(batch, batch_idx)"),
     ("if accelerator.sync_gradients:", "if accelerator.sync_gradients:"),
     ("torch._foreach_mul_(grads", "rescale a short window"),
@@ -79,6 +80,7 @@ STEP_MAP = [
     ("state.global_step += 1", "global_step += 1"),
     ("self.scheduler.step()", "scheduler.step()"),
     ("Event.AFTER_OPTIMIZER_STEP", "# AFTER_OPTIMIZER_STEP"),
+    ("state.logs.clear()", "state.logs.clear()"),
     ("compat.zero_grad(self.optimizer)", "optimizer.zero_grad()"),
     ("Event.BATCH_END", "# BATCH_END"),
 ]
@@ -89,9 +91,9 @@ def test_the_map_follows_the_step_line_for_line():
     optimizer_step = inspect.getsource(SSSTrainer._optimizer_step)
     in_map = [Event.__doc__.index(described) for _, described in STEP_MAP]
     assert in_map == sorted(in_map), "the map lists the step out of order"
-    outer = [code for code, _ in STEP_MAP[:4]] + ["self._optimizer_step()", STEP_MAP[-1][0]]
+    outer = [code for code, _ in STEP_MAP[:5]] + ["self._optimizer_step()", STEP_MAP[-1][0]]
     assert [step.index(code) for code in outer] == sorted(step.index(code) for code in outer)
-    inner = [code for code, _ in STEP_MAP[4:-1]]
+    inner = [code for code, _ in STEP_MAP[5:-1]]
     assert [optimizer_step.index(code) for code in inner] == sorted(optimizer_step.index(c) for c in inner)
 
 
@@ -128,6 +130,7 @@ STOCK_AND_HEALTH = [
     "ModelCheckpoint",
     "EventRecorder",
     "GradNormMonitor",
+    "OGMGE",
     "OverflowDetector",
     "EarlyStopping",
     "LearningRateMonitor",

@@ -12,6 +12,7 @@ from safetensors.torch import load as load_safetensors
 from sss import Callback, SSSTrainer
 from sss.callbacks import HubPush
 from sss.callbacks.stock import add_stock_callbacks
+from sss.errors import HubPushError
 from sss.testing import BoringModule, boring_loader
 
 
@@ -133,9 +134,18 @@ def test_a_failed_push_is_surfaced_at_fit_end(hub, tmp_path):
     push = HubPush(REPO, endpoint=hub.url, retries=2)
     with pytest.raises(
         RuntimeError, match=r"HubPush: 1 push\(es\) to tester/boring failed: model after global_step 3 \(from "
-    ):
+    ) as err:
         _trainer(tmp_path, [push]).fit(BoringModule(), train_dataloaders=boring_loader())
     assert hub.commits == [] and push.pushed == []
+    assert isinstance(err.value, HubPushError)  # what `sss fit` tells apart, by type, from other failures
+
+
+def test_a_failure_at_fit_start_is_no_hub_push_error(hub, tmp_path, monkeypatch):
+    # `sss fit` reports a HubPushError as a push failed after a finished run: a refused token is not one.
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(RuntimeError, match="HubPush: cannot push") as err:
+        _trainer(tmp_path, [HubPush(REPO, endpoint=hub.url)]).fit(BoringModule(), train_dataloaders=boring_loader())
+    assert not isinstance(err.value, HubPushError)
 
 
 @pytest.mark.slow
@@ -187,7 +197,11 @@ def test_with_two_processes_only_the_main_one_pushes(hub, tmp_path):
     assert rank0["pushed"] == expected and rank0["errors"] == []
     assert rank1["pushed"] == [] and rank1["errors"] == [] and rank1["step"] == rank0["step"] == 4
     # every process enters the weight gather (a collective under FSDP / ZeRO-3), not only the one that pushes
-    assert rank0["gathers"].count("hub.py:on_fit_end") == rank1["gathers"].count("hub.py:on_fit_end") == 1
+    assert (
+        rank0["gathers"].count("export.py:export_run_model")
+        == rank1["gathers"].count("export.py:export_run_model")
+        == 1
+    )
     # the pushed model is the trained one, equal on both ranks
     weights = load_safetensors(hub.commits[-1]["files"]["model.safetensors"])
     assert sorted(weights) == sorted(rank0["params"])

@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 from sss import Callback, SSSTrainer
-from sss.callbacks.metrics_logger import CSVTracker, read_metrics
+from sss.callbacks import MetricsLogger
+from sss.callbacks.metrics_logger import CSVTracker, host_floats, read_metrics
 from sss.callbacks.stock import add_stock_callbacks
-from sss.testing import BoringModule, boring_loader
+from sss.testing import BoringModule, boring_loader, count_host_syncs
 
 
 class Publisher(Callback):
@@ -166,3 +168,40 @@ def test_a_fresh_fit_sets_an_earlier_fits_rows_aside(tmp_path):
         trainer.fit(BoringModule(), train_dataloaders=boring_loader())
     assert [r["step"] for r in read_metrics(tmp_path / "logs" / "metrics.csv")] == [1.0, 2.0]
     assert [r["step"] for r in read_metrics(tmp_path / "logs" / "metrics.superseded.1.csv")] == [1.0, 2.0]
+
+
+class Reader(Callback):
+    """What state.logs holds when this callback runs at each optimizer step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_after_optimizer_step(self, trainer, module):
+        self.seen.append(dict(trainer.state.logs))
+
+
+def test_a_callback_after_the_logger_still_reads_what_it_logged(tmp_path):
+    reader = Reader()
+    trainer = SSSTrainer(
+        max_steps=4,
+        callbacks=[Publisher(), MetricsLogger(every_n_steps=2, trackers=["csv"]), reader],
+        mixed_precision="no",
+        output_dir=str(tmp_path),
+        log={"progress": False, "trackers": [], "every_n_steps": 2},
+        checkpoint={"every_epoch": False},
+    )
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader())
+    assert [row.get("train/custom") for row in reader.seen] == [1.0, 2.0, 3.0, 4.0]  # the logger left them
+    rows = read_metrics(tmp_path / "logs" / "metrics.csv")
+    assert [(r["step"], r["train/custom"]) for r in rows if "train/custom" in r] == [(2.0, 2.0), (4.0, 4.0)]
+
+
+def test_each_tensor_keeps_its_own_read_value_whatever_was_read_between():
+    a, b = torch.tensor(0.25), torch.tensor(0.5)
+    assert host_floats({"a": a}) == {"a": 0.25}
+    assert host_floats({"b": b}) == {"b": 0.5}  # another reader, another run: nothing shared evicts a's value
+    with count_host_syncs() as syncs:
+        assert host_floats({"a": a, "b": b, "lr": 0.1}) == {"a": 0.25, "b": 0.5, "lr": 0.1}
+    assert len(syncs) == 0
+    for value in range(20):  # freed tensors' ids come back: each new tensor is read for itself
+        assert host_floats({"x": torch.tensor(float(value))}) == {"x": float(value)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -272,6 +273,9 @@ def test_whether_output_dir_was_given_is_recorded(tmp_path):
     assert load_config(path, [], sources).output_dir_given is False and "trainer.output_dir" not in sources
     assert SSSConfig().output_dir_given is None  # built in Python: unknown
     assert "output_dir_given" not in to_yaml(given)  # not a YAML key
+    # An attribute of each config (kept by a copy), not a class attribute set on instances.
+    assert isinstance(vars(SSSConfig)["output_dir_given"], property)
+    assert copy.deepcopy(given).output_dir_given is True
 
 
 def test_a_stored_config_loads_with_overrides_and_names_its_source():

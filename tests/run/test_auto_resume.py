@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,30 +63,33 @@ def test_auto_starts_fresh_then_continues_the_default_folder_itself(capsys):
     assert Path("runs/auto_1/results.json").is_file()
 
 
-def test_bare_resume_still_fails_without_a_checkpoint():
-    with pytest.raises(SystemExit, match=r"error: --resume: no complete checkpoint in runs/auto/checkpoints; train"):
-        _fit("--resume", "trainer.max_steps=2")
+def test_bare_resume_still_fails_without_a_checkpoint(capsys):
+    assert _fit("--resume", "trainer.max_steps=2") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume: no complete checkpoint in runs/auto/checkpoints; train"), err
     assert not Path("runs/auto/checkpoints").exists() or not complete_checkpoints("runs/auto/checkpoints")
 
 
-def test_auto_leaves_a_finished_run_to_the_finished_run_refusal():
+def test_auto_leaves_a_finished_run_to_the_finished_run_refusal(capsys):
     assert _fit("trainer.max_steps=4") == 0
     before = Path("runs/auto/results.json").read_text()
-    with pytest.raises(SystemExit, match=r"error: --resume: runs/auto is a finished run: .*step_0000004 is at its end"):
-        _fit("--resume", "auto", "trainer.max_steps=4")
+    capsys.readouterr()
+    assert _fit("--resume", "auto", "trainer.max_steps=4") == 1
+    err = capsys.readouterr().err
+    assert re.match(r"error: --resume: runs/auto is a finished run: .*step_0000004 is at its end", err), err
     assert Path("runs/auto/results.json").read_text() == before
 
 
-def test_auto_does_not_start_fresh_over_the_results_of_a_run_without_checkpoints():
+def test_auto_does_not_start_fresh_over_the_results_of_a_run_without_checkpoints(capsys):
     no_checkpoints = ["trainer.checkpoint.every_n_steps=null", "trainer.checkpoint.every_epoch=false"]
     assert _fit("trainer.output_dir=mine", "trainer.max_steps=2", *no_checkpoints) == 0
     before = Path("mine/results.json").read_text()
-    with pytest.raises(SystemExit) as stop:
-        _fit("trainer.output_dir=mine", "trainer.max_steps=2", "trainer.resume=auto")
-    assert str(stop.value) == (
+    capsys.readouterr()
+    assert _fit("trainer.output_dir=mine", "trainer.max_steps=2", "trainer.resume=auto") == 1
+    assert capsys.readouterr().err == (
         "error: --resume auto: mine holds a finished run (mine/results.json) but no checkpoint in mine/checkpoints "
         "to continue from. Nothing was trained and no file was changed; give this run another folder "
-        "(trainer.output_dir), or move that one away"
+        "(trainer.output_dir), or move that one away\n"
     )
     assert Path("mine/results.json").read_text() == before
 

@@ -48,18 +48,19 @@ def test_resuming_a_finished_run_is_refused_and_changes_no_file(capsys):
     before = _files(RUN)
     results = json.loads((RUN / "results.json").read_text())
     assert {"val/accuracy_image_only", "val/accuracy_audio_only", "val/fusion_gain_accuracy"} <= set(results)
-    with pytest.raises(SystemExit) as stop:
-        _fit("--resume")
-    assert str(stop.value) == (
+    capsys.readouterr()
+    assert _fit("--resume") == 1
+    assert capsys.readouterr().err == (
         "error: --resume: run is a finished run: run/checkpoints/step_0000004 is at its end (trainer.max_epochs=2 "
         "completed) and run/results.json holds its results. Nothing was trained and no file was changed. To train "
-        "longer, raise the limit when resuming (it may grow): sss fit CONFIG trainer.max_epochs=4 --resume"
+        "longer, raise the limit when resuming (it may grow): sss fit CONFIG trainer.max_epochs=4 --resume\n"
     )
     assert _files(RUN) == before
 
     # max_steps reached names max_steps (a given checkpoint path too)
-    with pytest.raises(SystemExit, match=r"\(trainer\.max_steps=4 reached at step 4\).*trainer\.max_steps=8 --resume"):
-        _fit("trainer.max_steps=4", "trainer.max_epochs=null", "--resume", "run/checkpoints/step_0000004")
+    assert _fit("trainer.max_steps=4", "trainer.max_epochs=null", "--resume", "run/checkpoints/step_0000004") == 1
+    err = capsys.readouterr().err
+    assert re.search(r"\(trainer\.max_steps=4 reached at step 4\).*trainer\.max_steps=8 --resume", err), err
     assert _files(RUN) == before
 
     # raising the limit trains on; the first end's results stay beside the new ones
@@ -173,15 +174,13 @@ def test_the_code_commit_is_silently_absent_without_git(monkeypatch):
 
 def test_a_finished_run_with_a_lowered_limit_is_told_a_limit_beyond_its_checkpoint(tmp_path):
     # The suggestion must train longer than the checkpoint got, not twice a limit lowered below it.
-    import json
-
+    from sss.checkpoint import VerifiedCheckpoint
     from sss.config import load_config
-    from sss.run.fit import _refuse_finished_run
+    from sss.errors import RunFolderError
+    from sss.run.folder import _refuse_finished_run
 
-    ckpt = tmp_path / "checkpoints" / "step_0000008"
-    ckpt.mkdir(parents=True)
-    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 8, "resume_epoch": 1}))
+    ckpt = VerifiedCheckpoint(tmp_path / "checkpoints" / "step_0000008", {"global_step": 8, "resume_epoch": 1})
     (tmp_path / "results.json").write_text("{}")
     cfg = load_config(None, ["trainer.max_steps=4", "trainer.max_epochs=null"])
-    with pytest.raises(SystemExit, match=r"trainer\.max_steps=16 --resume"):
+    with pytest.raises(RunFolderError, match=r"trainer\.max_steps=16 --resume"):
         _refuse_finished_run(tmp_path, ckpt, cfg)

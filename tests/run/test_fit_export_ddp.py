@@ -37,9 +37,9 @@ def test_two_process_fit_gathers_the_weights_on_every_process_and_exports_them(t
     command = launch_command(2, [str(SCRIPT), str(out)])
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    for rank in (0, 1):  # the export's gather ran on both processes, not on the main one alone
+    for rank in (0, 1):  # the export's gather (sss fit's export_run_model) ran on both processes, not on the main one
         callers = json.loads((out / f"calls.{rank}").read_text())
-        assert any(c.endswith("sss/run/fit.py") for c in callers), (rank, callers)
+        assert any(c.endswith("sss/callbacks/export.py") for c in callers), (rank, callers)
     # the exported weights are the trained ones (the last checkpoint's, saved by Accelerate with the wrapper prefix)
     exported = load_file(str(out / "model" / WEIGHTS))
     last = sorted((out / "checkpoints").glob("step_*"))[-1]

@@ -204,3 +204,17 @@ def test_a_real_accelerate_launch_of_two_processes_without_multi_gpu_is_refused(
     assert "error: accelerate launch was asked for 2 processes but started this one alone" in done.stderr
     assert f"Run: accelerate launch --multi_gpu --num_processes 2 -m sss fit {EXAMPLE}" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_one_helper_decides_to_launch_or_run_here(monkeypatch):
+    # fit, tune, validate and test all go through launch_or_run: N > 1 launches, unless this is a launched rank.
+    launched = []
+    monkeypatch.setattr(sss.run.launch, "relaunch", lambda n, args, *rest: launched.append((n, args, rest)) or 7)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert sss.run.launch.launch_or_run(2, ["test", "--ckpt", "c"], True) == 7
+    assert launched == [(2, ["test", "--ckpt", "c"], (True, None))]
+    assert sss.run.launch.launch_or_run(1, ["fit", "x.yaml"]) is None
+    assert sss.run.launch.launch_or_run(None, ["validate", "--ckpt", "c"]) is None
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a rank of the launched group runs the command itself
+    assert sss.run.launch.launch_or_run(2, ["fit", "x.yaml"]) is None
+    assert len(launched) == 1

@@ -20,7 +20,6 @@ from sss.config import ConfigError, load_config
 from sss.data.contract import BatchFormatError
 from sss.run.launch import launch_command
 from sss.testing import BoringDataset, BoringModule, EventRecorder, boring_loader
-from sss.trainer._fail_fast import sanity_validate
 
 QUIET = {"log": {"progress": False, "trackers": []}, "mixed_precision": "no"}
 
@@ -107,10 +106,24 @@ def test_a_module_names_its_own_input_keys():
     assert trainer.state.global_step == 2 and "val/accuracy" in trainer.state.metrics
 
 
-def test_the_check_runs_once_and_steps_aside():
+def test_the_first_batch_is_checked_once_per_fit(monkeypatch):
+    import sss.trainer.trainer as loop
+
+    checked = []
+
+    def check(batch, module, stage="training"):
+        checked.append(stage)
+        return loop_check(batch, module, stage)
+
+    loop_check = loop.check_first_batch
+    monkeypatch.setattr(loop, "check_first_batch", check)  # the step's explicit line calls the loop's name
     trainer = SSSTrainer(max_steps=3, **QUIET)
+    trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=32), val_dataloaders=boring_loader(n=16))
+    assert checked == ["validation", "training"]  # the sanity validation's first batch, then the loop's
+    trainer.config.max_steps = 5
     trainer.fit(BoringModule(), train_dataloaders=boring_loader(n=32))
-    assert trainer._run_batch == trainer._forward_backward  # the loop calls the runner directly again
+    assert checked == ["validation", "training", "training"]  # a new fit checks its own first batch
+    assert trainer._run_batch == trainer._forward_backward  # the runner chosen at set-up, never swapped
 
 
 def test_a_bad_validation_batch_fails_before_training():
@@ -258,9 +271,27 @@ def test_sanity_restores_the_mode_and_accelerate_dataloader_stack():
     for training, batches in ((True, 1), (False, 2), (True, 3)):  # stopped before, at and by the loader's end
         trainer.model.train(training)
         trainer.config.sanity_val_batches = batches
-        sanity_validate(trainer, val)
+        trainer._sanity_validate(val)
         assert trainer.model.training is training and module.training is training
         assert trainer.accelerator.gradient_state.dataloader_references == references and val.iteration == epoch
+
+
+def test_a_side_pass_restores_the_rng_the_mode_the_stack_and_the_loaders_epoch():
+    trainer = SSSTrainer(max_steps=1, **QUIET)
+    _, val = trainer._setup_fit(BoringModule(), None, boring_loader(n=16), boring_loader(n=16, seed=1, shuffle=True))
+    references, epoch = list(trainer.accelerator.gradient_state.dataloader_references), val.iteration
+    rng = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    with trainer._side_pass(rewind=val):
+        trainer.model.eval()
+        list(val)  # run to its end: counts an epoch
+        left = iter(val)
+        next(left)  # left before its end: stays on Accelerate's stack; __iter__ drew a seed
+        assert trainer.accelerator.gradient_state.dataloader_references != references
+        torch.rand(3), np.random.rand(), random.random()
+    assert trainer.model.training and trainer.accelerator.gradient_state.dataloader_references == references
+    assert val.iteration == epoch
+    assert torch.equal(torch.get_rng_state(), rng[0]) and (np.random.get_state()[1] == rng[1]).all()
+    assert random.getstate() == rng[2]
 
 
 # ---------------------------------------------------------------- the setting

@@ -10,8 +10,9 @@ from torch.utils.checkpoint import checkpoint
 
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
+from sss.models.registry import EncoderSettings, register_encoder
 
-__all__ = ["AudioSpectrogramTransformer"]
+__all__ = ["AudioSpectrogramTransformer", "ast_encoder"]
 
 
 class AudioSpectrogramTransformer(TokenEncoder):
@@ -171,3 +172,19 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.xavier_uniform_(module.weight.view(module.weight.shape[0], -1))
         if module.bias is not None:
             nn.init.zeros_(module.bias)
+
+
+@register_encoder("audio", "ast")
+def ast_encoder(settings: EncoderSettings) -> AudioSpectrogramTransformer:
+    """``model.audio_encoder=ast``: an `AudioSpectrogramTransformer` of width ``dim`` over ``frontend``.
+
+    Its ``depth``, ``heads``, ``mlp_ratio`` and ``dropout`` come from the settings (``width`` is a
+    CNN's), and ``kwargs`` may override any of them.
+
+    Example:
+        >>> ast_encoder(EncoderSettings(dim=8, depth=1, heads=2)).output_dim
+        8
+    """
+    shared = {"depth": settings.depth, "heads": settings.heads, "mlp_ratio": settings.mlp_ratio}
+    shared["dropout"] = settings.dropout
+    return AudioSpectrogramTransformer(settings.dim, frontend=settings.frontend, **{**shared, **settings.kwargs})

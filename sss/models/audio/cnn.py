@@ -8,8 +8,9 @@ from torch.utils.checkpoint import checkpoint
 
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
+from sss.models.registry import EncoderSettings, register_encoder
 
-__all__ = ["AudioCNN", "ConvBlock"]
+__all__ = ["AudioCNN", "ConvBlock", "cnn_encoder"]
 
 
 class ConvBlock(nn.Module):
@@ -109,3 +110,15 @@ class AudioCNN(TokenEncoder):
             else:
                 x = block(x)
         return self.proj(x.mean(dim=2).transpose(1, 2))  # [B, C, F, T] -> [B, T, C] -> [B, T, dim]
+
+
+@register_encoder("audio", "cnn")
+def cnn_encoder(settings: EncoderSettings) -> AudioCNN:
+    """``model.audio_encoder=cnn``: an `AudioCNN` of ``width``, ``depth`` and ``stem_stride`` over ``frontend``.
+
+    Example:
+        >>> cnn_encoder(EncoderSettings(dim=8, width=4, depth=1)).output_dim
+        8
+    """
+    shape = {"width": settings.width, "depth": settings.depth, "stem_stride": settings.stem_stride}
+    return AudioCNN(settings.dim, frontend=settings.frontend, **shape, **settings.kwargs)

@@ -7,7 +7,8 @@ from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import FusionHead, check_tokens
+from sss.models.fusion.base import FusionHead, check_tokens
+from sss.models.registry import register_fusion
 
 __all__ = ["BottleneckFusion", "BottleneckLayer"]
 
@@ -61,6 +62,7 @@ class BottleneckLayer(nn.Module):
         return (*out, torch.stack(copies).mean(dim=0))
 
 
+@register_fusion("bottleneck")
 class BottleneckFusion(FusionHead):
     """MBT attention-bottleneck fusion, then mean pooling of each stream and a linear head.
 
@@ -79,11 +81,11 @@ class BottleneckFusion(FusionHead):
 
     Args:
         dim: Token width of both encoders.
+        num_classes: Number of output logits.
         depth: Number of fused layers.
         heads: Attention heads; must divide ``dim``.
-        num_classes: Number of output logits.
-        dropout: Attention, residual and head dropout.
         mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        dropout: Attention, residual and head dropout.
         num_bottlenecks: Shared bottleneck tokens ``B`` (MBT's released config uses 4).
 
     Example:
@@ -98,11 +100,12 @@ class BottleneckFusion(FusionHead):
     def __init__(
         self,
         dim: int,
+        num_classes: int = 4,
+        *,
         depth: int = 1,
         heads: int = 4,
-        num_classes: int = 4,
-        dropout: float = 0.0,
         mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
         num_bottlenecks: int = 4,
     ) -> None:
         super().__init__()

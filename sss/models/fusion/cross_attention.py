@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sss.models.fusion._pool import FusionHead, check_tokens
+from sss.models.fusion.base import FusionHead, check_tokens
+from sss.models.registry import register_fusion
 
 __all__ = ["CrossAttentionBlock", "CrossModalFusion", "CrossModalLayer"]
 
@@ -83,6 +84,7 @@ class CrossModalLayer(nn.Module):
         return self.image_block(image, audio), self.audio_block(audio, image)
 
 
+@register_fusion("cross_attention")
 class CrossModalFusion(FusionHead):
     """Bidirectional cross-modal attention, then mean pooling of each stream and a linear head.
 
@@ -94,11 +96,11 @@ class CrossModalFusion(FusionHead):
 
     Args:
         dim: Token width of both encoders.
+        num_classes: Number of output logits.
         depth: Number of bidirectional layers.
         heads: Attention heads; must divide ``dim``.
-        num_classes: Number of output logits.
-        dropout: Attention, residual and head dropout.
         mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        dropout: Attention, residual and head dropout.
 
     Example:
         >>> import torch
@@ -112,11 +114,12 @@ class CrossModalFusion(FusionHead):
     def __init__(
         self,
         dim: int,
+        num_classes: int = 4,
+        *,
         depth: int = 1,
         heads: int = 4,
-        num_classes: int = 4,
-        dropout: float = 0.0,
         mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False

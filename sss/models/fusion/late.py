@@ -4,22 +4,30 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from sss.models.fusion._pool import FusionHead, check_tokens
+from sss.models.fusion.base import FusionHead, check_tokens
+from sss.models.registry import register_fusion
 
 __all__ = ["LateFusion"]
 
 
+@register_fusion("late")
 class LateFusion(FusionHead):
     """Pool each modality's tokens, concatenate, classify with a two-layer MLP.
 
     No token of one modality ever sees the other; the only interaction is in the MLP head.
     A missing modality (None) contributes a zero half, so the head works from either alone.
 
+    The one fusion that works on one modality alone (``needs_both_modalities = False``): data with
+    one modality builds it, and `drop_stream` removes the missing stream's norm.
+
     Args:
         dim: Token width of both encoders.
         num_classes: Number of output logits.
-        hidden: Hidden width of the MLP head; None means ``dim``.
+        depth: Ignored (no fusion layers); the constructor shape every fusion shares.
+        heads: Ignored.
+        mlp_ratio: Ignored (the MLP head's width is `hidden`).
         dropout: Dropout before each linear layer of the head.
+        hidden: Hidden width of the MLP head; None means ``dim``.
 
     Example:
         >>> import torch
@@ -30,7 +38,19 @@ class LateFusion(FusionHead):
         torch.Size([2, 4])
     """
 
-    def __init__(self, dim: int, num_classes: int = 4, hidden: int | None = None, dropout: float = 0.0) -> None:
+    needs_both_modalities = False
+
+    def __init__(
+        self,
+        dim: int,
+        num_classes: int = 4,
+        *,
+        depth: int = 1,
+        heads: int = 4,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        hidden: int | None = None,
+    ) -> None:
         super().__init__()
         self.dim = dim
         self.num_classes = num_classes

@@ -13,8 +13,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from sss.models.base import TokenEncoder
+from sss.models.registry import EncoderSettings, register_encoder
 
-__all__ = ["TimmImageEncoder"]
+__all__ = ["TimmImageEncoder", "timm_encoder"]
 
 
 class TimmImageEncoder(TokenEncoder):
@@ -206,3 +207,21 @@ def _check_covered(model: nn.Module, path: Path, name: str) -> None:
             f"{str(path)!r} does not fit timm model {name!r}: {len(missing)} of the model's tensors are missing "
             f"from it (e.g. {', '.join(missing[:3])}). Was it saved from another architecture or other model_kwargs?"
         )
+
+
+@register_encoder("image", "timm")
+def timm_encoder(settings: EncoderSettings) -> TimmImageEncoder:
+    """The image encoder: a `TimmImageEncoder` of the timm model ``backbone`` (``model.image_encoder``).
+
+    Example:
+        >>> timm_encoder(EncoderSettings(dim=8, backbone="test_resnet")).output_dim
+        8
+    """
+    return TimmImageEncoder(
+        settings.backbone,
+        dim=settings.dim,
+        pretrained=settings.pretrained,
+        channels_last=settings.channels_last,
+        model_kwargs=dict(settings.kwargs),
+        checkpointing=settings.checkpointing,
+    )

@@ -1,6 +1,8 @@
-"""What the fusion heads share: token checks, pooling (zeros for a missing modality) and the `FusionHead` base."""
+"""The `FusionHead` base class every fusion subclasses, and what the fusions share: token checks, pooling."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -42,10 +44,15 @@ class FusionHead(nn.Module):
     A subclass sets ``dim``, ``norms`` (one LayerNorm per stream), ``head`` and defines `fuse`; the
     default `classify` pools each stream, normalises, concatenates and applies ``head_drop`` then
     ``head``. Frame- and pixel-level heads read `fuse`'s streams, clip heads `classify`'s logits.
+    A new fusion is one module: a subclass with the shared constructor shape, registered with
+    `sss.models.registry.register_fusion` (docs/models.md, "A fusion of your own").
     """
 
     head_drop: nn.Module = nn.Identity()
     grad_checkpointing: bool = False
+    needs_both_modalities: ClassVar[bool] = True
+    """False for a fusion that also works on one modality's tokens: data with one modality may use it,
+    and `drop_stream` then removes the parameters of the stream it never gets."""
 
     def build_head(self, dim: int, num_classes: int, dropout: float) -> None:
         """Per-stream LayerNorms, dropout and the Linear head over ``[image | audio]``; then init every Linear.
@@ -62,6 +69,13 @@ class FusionHead(nn.Module):
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after fusion (same shapes; a None stream stays None)."""
         raise NotImplementedError(f"{type(self).__name__} must implement fuse(image, audio)")
+
+    def drop_stream(self, index: int) -> None:
+        """Remove the parameters of stream `index` (0 image, 1 audio), for data that never has that stream.
+
+        Only a fusion with ``needs_both_modalities = False`` is asked to; it defines this.
+        """
+        raise NotImplementedError(f"{type(self).__name__} fuses two modalities and cannot drop stream {index}")
 
     def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
         """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
