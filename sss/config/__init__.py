@@ -13,10 +13,11 @@ from __future__ import annotations
 from sss.config.errors import ConfigError
 from sss.config.instantiate import check_config, check_target, instantiate, resolve_target
 from sss.config.load import field_docs, load_config, to_yaml
-from sss.config.schema import CheckpointConfig, LogConfig, OptimConfig, SSSConfig, TrainerConfig
+from sss.config.schema import CheckpointConfig, FinetuneConfig, LogConfig, OptimConfig, SSSConfig, TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
+    "FinetuneConfig",
     "ConfigError",
     "LogConfig",
     "OptimConfig",

@@ -16,8 +16,10 @@ from sss.config.sharding import check_sharding
 __all__ = [
     "GROUP_KEYS",
     "PRECISIONS",
+    "COMPILE_MODES",
     "CheckpointConfig",
     "ConfigError",
+    "FinetuneConfig",
     "LogConfig",
     "OptimConfig",
     "SSSConfig",
@@ -25,6 +27,8 @@ __all__ = [
 ]
 
 PRECISIONS = ("auto", "no", "fp16", "bf16")
+COMPILE_MODES = (False, True, "full", "regional")
+"""Values of ``trainer.compile``: off, the whole module (``true`` = ``full``), or its repeated blocks (``regional``)."""
 
 
 @dataclass
@@ -49,6 +53,13 @@ class OptimConfig:
     (``lr``, ``weight_decay``, ``betas``, ... and an optional ``name`` for the LR logs) replace the optimizer's
     for it; parameters no entry matches keep the optimizer's. Weight decay stays off biases and norms; the
     scheduler scales every group. Empty: one setting for all parameters."""
+    layer_decay: float | None = None
+    """Layer-wise LR decay: a parameter ``k`` layers below the top of its own encoder (each tower has its own
+    depth map) gets ``lr * layer_decay ** k``; the fusion and heads count as the top. Set on the param groups
+    themselves, so every scheduler applies it. Null: none."""
+    head_lr_scale: float = 1.0
+    """LR multiplier of the parts above the encoders (fusion and heads), e.g. 10 for a fresh head on pretrained
+    encoders."""
 
     def __post_init__(self) -> None:
         for i, group in enumerate(self.param_groups):
@@ -70,10 +81,54 @@ class OptimConfig:
                 number = isinstance(value, (int, float)) and not isinstance(value, bool)
                 require(number, f"{key}.{name}: expected a number, got {type(value).__name__} {value!r}")
                 require(value > 0 if name == "lr" else value >= 0, f"{key}.{name}: must be {low}, got {value!r}")
+        require(
+            self.layer_decay is None or 0 < self.layer_decay <= 1,
+            f"trainer.optim.layer_decay must be in (0, 1] (e.g. 0.75), or null for none; got {self.layer_decay!r}",
+        )
+        require(self.head_lr_scale > 0, f"trainer.optim.head_lr_scale must be > 0, got {self.head_lr_scale!r}")
 
 
 GROUP_KEYS = ("params", "name")
 """Keys of a ``trainer.optim.param_groups`` entry that are not optimizer settings: the globs, the group's name."""
+
+
+@dataclass
+class FinetuneConfig:
+    """Which pretrained parameters train, and from when (``trainer.finetune``).
+
+    Example:
+        >>> FinetuneConfig(freeze=["audio_encoder"], unfreeze_at_step=100).unfrozen_lr_scale
+        1.0
+    """
+
+    freeze: list[str] = field(default_factory=list)
+    """Parameter-name prefixes or globs to freeze, e.g. ``[audio_encoder, "image_encoder.blocks.0*"]``; frozen
+    parameters stay out of the optimizer until `unfreeze_at_step`."""
+    unfreeze_at_step: int | None = None
+    """Optimizer step at which the frozen parameters join training (null: frozen for the whole run)."""
+    unfrozen_lr_scale: float = 1.0
+    """LR multiplier of the parameters unfrozen at `unfreeze_at_step` (on top of layer decay)."""
+    train_bn: bool = False
+    """Whether BatchNorm layers of frozen parts keep updating their running statistics (false: frozen means
+    every tensor stays as loaded)."""
+
+    def __post_init__(self) -> None:
+        require(
+            all(isinstance(p, str) and p.strip() for p in self.freeze),
+            f"trainer.finetune.freeze: expected module-name prefixes or globs such as audio_encoder, got {self.freeze!r}",
+        )
+        require(
+            self.unfreeze_at_step is None or self.unfreeze_at_step >= 0,
+            f"trainer.finetune.unfreeze_at_step must be >= 0 (or null: frozen for the whole run), "
+            f"got {self.unfreeze_at_step}",
+        )
+        require(
+            self.unfreeze_at_step is None or bool(self.freeze),
+            "trainer.finetune.unfreeze_at_step is set but trainer.finetune.freeze is empty: name what to freeze",
+        )
+        require(
+            self.unfrozen_lr_scale > 0, f"trainer.finetune.unfrozen_lr_scale must be > 0, got {self.unfrozen_lr_scale}"
+        )
 
 
 @dataclass
@@ -190,8 +245,9 @@ class TrainerConfig:
     auto_batch_size: bool = False
     """On out-of-memory, split each batch into twice as many micro-batches (the effective batch and the
     math stay the same) and retry; the split is kept for the rest of the run and in checkpoints."""
-    compile: bool = False
-    """torch.compile the module (in place: checkpoints keep their parameter names)."""
+    compile: bool | str = False
+    """torch.compile the module (in place: checkpoints keep their parameter names): ``true``/``full`` the whole
+    module, ``regional`` each repeated block (transformer layers) once, which compiles in a fraction of the time."""
     deterministic: bool = False
     """Deterministic algorithms only (torch.use_deterministic_algorithms, cuDNN deterministic without benchmark,
     CUBLAS_WORKSPACE_CONFIG=:4096:8): the same seed gives bitwise the same weights in every fresh process on the
@@ -202,6 +258,7 @@ class TrainerConfig:
     deepspeed: dict[str, Any] | None = None
     """DeepSpeed ZeRO settings passed to Accelerate's DeepSpeedPlugin (GPUs only); see docs/distributed.md."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -258,6 +315,10 @@ class TrainerConfig:
         for key in ("overfit_batches", "fast_dev_run"):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
+        require(
+            self.compile in COMPILE_MODES,
+            f"trainer.compile must be false, true, full or regional, got {self.compile!r}",
+        )
         if self.fsdp is not None or self.deepspeed is not None:
             check_sharding(self.fsdp, self.deepspeed)
         require(

@@ -6,6 +6,8 @@ sequences of width ``output_dim`` and never needs to know which modality they ca
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 __all__ = ["TokenEncoder"]
@@ -82,6 +84,29 @@ class TokenEncoder(nn.Module):
             True
         """
         self.grad_checkpointing = enabled
+
+    def export_settings(self) -> dict[str, Any]:
+        """Encoder arguments (``model.image_kwargs`` / ``model.audio_kwargs``) an exported config must hold to rebuild
+        this encoder without its pretrained weights file (e.g. a Hugging Face model's architecture config).
+
+        A model folder drops every pretrained-weight setting (its weights are in ``model.safetensors``), so
+        an encoder whose shape came from those weights records the shape here. Default: nothing.
+
+        Example:
+            >>> TokenEncoder(output_dim=4).export_settings()
+            {}
+        """
+        return {}
+
+    def preprocessing(self) -> dict[str, Any]:
+        """How inputs must be prepared for the weights this encoder holds (e.g. ``image_mean``/``image_std``,
+        ``sample_rate``), recorded in a model folder's ``preprocessing.json``. Default: nothing bound.
+
+        Example:
+            >>> TokenEncoder(output_dim=4).preprocessing()
+            {}
+        """
+        return {}
 
     def to_frames(self, tokens: Tensor) -> Tensor:
         """Tokens (as `encode` returned them, possibly updated by a fusion) to one vector per time step.

@@ -79,6 +79,11 @@ class HunterModule(LitModule):
         audio_depth: CNN blocks (each halves time and frequency), or AST transformer blocks.
         audio_stem_stride: Stride of the first CNN convolution (2 = cheaper, coarser); CNN only.
         audio_kwargs: Extra arguments of the audio encoder class, e.g. ``{"patch_stride": [10, 10]}`` for the AST.
+        audio_pretrained: Pretrained audio weights: a local Hugging Face model folder for ``audio_encoder="hf"``,
+            a ``.safetensors`` file for the PANNs CNNs (``sss convert panns``); None for random init.
+        audio_strict: Refuse audio weights that fill fewer than all of the encoder's tensors (False: load what
+            fits and report the rest).
+        image_strict: The same for ``image_pretrained``.
         n_mels: Mel bins of the audio front-end.
         sample_rate: Sample rate of ``batch["audio"]`` in Hz.
         freq_mask: Largest SpecAugment frequency mask in mel bins (training only; 0 disables).
@@ -139,6 +144,9 @@ class HunterModule(LitModule):
         audio_depth: PositiveInt = 3,
         audio_stem_stride: PositiveInt = 1,
         audio_kwargs: dict[str, Any] | None = None,
+        audio_pretrained: str | os.PathLike[str] | None = None,
+        audio_strict: bool = True,
+        image_strict: bool = True,
         n_mels: PositiveInt = 64,
         sample_rate: int = 16000,
         freq_mask: NonNegativeInt = 8,
@@ -172,6 +180,7 @@ class HunterModule(LitModule):
         self.modality_dropout = modality_dropout
         self.loss_weights = {key: 1.0 for key in LOSS_KEYS} | {k: float(v) for k, v in (loss_weights or {}).items()}
         self.modalities = tuple(m for m in ("image", "audio") if m in modalities)
+        self._kwargs = {key: settings[key] for key in ("image_kwargs", "audio_kwargs")}
         self._build_parts(settings)
         if grad_checkpointing:  # a flag on the parts built above: it changes no weight
             self.set_grad_checkpointing(True)
@@ -429,6 +438,35 @@ class HunterModule(LitModule):
             return (audio.shape[-1] - 1) * frontend.hop_length / rate
         return audio.shape[-1] / rate
 
+    def export_settings(self) -> dict[str, Any]:
+        """Model arguments an exported ``config.yaml`` needs to rebuild this model without its pretrained weights.
+
+        Each encoder's `TokenEncoder.export_settings` merged into its ``*_kwargs`` (``sss fit`` merges these into
+        ``config.model`` after building, as it does the settings that come from the data).
+
+        Example:
+            >>> HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2).export_settings()
+            {}
+        """
+        found: dict[str, Any] = {}
+        for key, encoder in (("image_kwargs", self.image_encoder), ("audio_kwargs", self.audio_encoder)):
+            own = encoder.export_settings() if isinstance(encoder, TokenEncoder) else {}
+            if own:
+                found[key] = {**(self._kwargs.get(key) or {}), **own}
+        return found
+
+    def preprocessing(self) -> dict[str, Any]:
+        """Input preparation bound to the weights (`TokenEncoder.preprocessing` of each encoder), for the model folder.
+
+        Example:
+            >>> HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2).preprocessing()
+            {}
+        """
+        found: dict[str, Any] = {}
+        for encoder in (self.image_encoder, self.audio_encoder):
+            found |= encoder.preprocessing() if isinstance(encoder, TokenEncoder) else {}
+        return found
+
     def set_grad_checkpointing(self, enabled: bool = True, branches: Iterable[str] | None = None) -> None:
         """Turn activation checkpointing on or off per branch: ``image``, ``audio``, ``fusion`` (None = all).
 
@@ -464,6 +502,7 @@ def _image_settings(settings: dict[str, Any]) -> EncoderSettings:
         settings["dim"],
         backbone=settings["image_encoder"],
         pretrained=settings["image_pretrained"],
+        strict=settings["image_strict"],
         channels_last=settings["image_channels_last"],
         checkpointing=settings["image_checkpointing"],
         kwargs=dict(settings["image_kwargs"] or {}),
@@ -491,6 +530,10 @@ def _audio_settings(settings: dict[str, Any]) -> EncoderSettings:
         dropout=settings["dropout"],
         stem_stride=settings["audio_stem_stride"],
         frontend=frontend,
+        pretrained=settings["audio_pretrained"],
+        strict=settings["audio_strict"],
+        sample_rate=rate,
+        n_mels=settings["n_mels"],
         kwargs=settings["audio_kwargs"] or {},
     )
 

@@ -230,8 +230,15 @@ class EncoderSettings:
     """Audio: the module from the batch's audio to a log-mel (built by the model, shared by its audio encoders)."""
     backbone: str = ""
     """Image: the backbone's name (``model.image_encoder``, a timm model name)."""
-    pretrained: bool | str | os.PathLike[str] = False
-    """Image: pretrained weights (``model.image_pretrained``)."""
+    pretrained: bool | str | os.PathLike[str] | None = False
+    """Pretrained weights: ``model.image_pretrained`` (False, True or a file) or ``model.audio_pretrained``
+    (None or a local file/folder)."""
+    strict: bool = True
+    """Refuse weights that fill fewer than all of the encoder's tensors (``model.image_strict`` / ``model.audio_strict``)."""
+    sample_rate: int = 16000
+    """Audio: the sample rate of ``batch["audio"]`` in Hz (``model.sample_rate``)."""
+    n_mels: int = 64
+    """Audio: mel bins of the model's front-end (``model.n_mels``)."""
     channels_last: bool = False
     """Image: run the backbone in channels-last memory format (``model.image_channels_last``)."""
     checkpointing: str = "backbone"

@@ -56,7 +56,13 @@ def build_parts(cfg: SSSConfig) -> Parts:
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     from_data = sizes_from_data(cfg.model, datamodule)
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
-    return Parts(state=state, datamodule=datamodule, module=instantiate(cfg.model), from_data=from_data)
+    module = instantiate(cfg.model)
+    # ... also without the pretrained weights it was built from (a model folder drops those settings): the
+    # shape those weights gave (a Hugging Face model's config) goes into the config as plain values.
+    export_settings = getattr(module, "export_settings", None)
+    if callable(export_settings):
+        cfg.model = {**cfg.model, **export_settings()}
+    return Parts(state=state, datamodule=datamodule, module=module, from_data=from_data)
 
 
 def process_state(cfg: SSSConfig) -> Any:
