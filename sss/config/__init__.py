@@ -17,8 +17,8 @@ from sss.config.schema import CheckpointConfig, FinetuneConfig, LogConfig, Optim
 
 __all__ = [
     "CheckpointConfig",
-    "FinetuneConfig",
     "ConfigError",
+    "FinetuneConfig",
     "LogConfig",
     "OptimConfig",
     "SSSConfig",

@@ -14,9 +14,9 @@ from sss.config.errors import ConfigError, require
 from sss.config.sharding import check_sharding
 
 __all__ = [
+    "COMPILE_MODES",
     "GROUP_KEYS",
     "PRECISIONS",
-    "COMPILE_MODES",
     "CheckpointConfig",
     "ConfigError",
     "FinetuneConfig",
@@ -115,7 +115,8 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         require(
             all(isinstance(p, str) and p.strip() for p in self.freeze),
-            f"trainer.finetune.freeze: expected module-name prefixes or globs such as audio_encoder, got {self.freeze!r}",
+            f"trainer.finetune.freeze: expected module-name prefixes or globs such as audio_encoder, "
+            f"got {self.freeze!r}",
         )
         require(
             self.unfreeze_at_step is None or self.unfreeze_at_step >= 0,

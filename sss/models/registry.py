@@ -234,7 +234,7 @@ class EncoderSettings:
     """Pretrained weights: ``model.image_pretrained`` (False, True or a file) or ``model.audio_pretrained``
     (None or a local file/folder)."""
     strict: bool = True
-    """Refuse weights that fill fewer than all of the encoder's tensors (``model.image_strict`` / ``model.audio_strict``)."""
+    """Refuse weights that fill fewer than all of the encoder's tensors (``model.*_strict``)."""
     sample_rate: int = 16000
     """Audio: the sample rate of ``batch["audio"]`` in Hz (``model.sample_rate``)."""
     n_mels: int = 64
