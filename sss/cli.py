@@ -118,6 +118,7 @@ COMMANDS: dict[str, Command] = {
         "sss tune lr CONFIG [key=value ...] [--steps N] [--min-lr A] [--max-lr B] [--apply] [--num-processes N]",
     ),
     "data": Command(commands.data),
+    "convert": Command(commands.convert),
 }
 """The subcommands, in the order ``sss --help`` lists them."""
 

@@ -2,7 +2,8 @@
 
 A model folder holds ``model.safetensors`` (weights, no pickle), ``config.yaml`` (the run's
 config: ``model:`` rebuilds the module), ``preprocessing.json`` (classes, task, image size,
-sample rate, clip length: how inputs were prepared) and ``README.md`` (a model card). ``sss fit``
+sample rate, clip length, and what pretrained weights bind: image mean/std/filter, the source
+weights' name: how inputs were prepared) and ``README.md`` (a model card, with a Preprocessing section). ``sss fit``
 writes one to ``OUTPUT_DIR/model``; ``sss export`` writes one from any checkpoint.
 
 A model folder is data someone hands you (a Hub download), so loading it runs no code sss does
@@ -42,6 +43,7 @@ __all__ = [
     "load_trained_weights",
     "preprocessing",
     "read_preprocessing",
+    "recorded_preprocessing",
     "require_complete",
     "untrusted_targets",
 ]
@@ -121,6 +123,30 @@ def preprocessing(datamodule: Any) -> dict[str, Any]:
     return {"classes": list(classes) if classes else None, "task": getattr(datamodule, "task", None) or None, **found}
 
 
+def recorded_preprocessing(folder: str | Path) -> dict[str, Any]:
+    """The image mean/std/filter a model folder's weights were bound to; ``{}`` for a checkpoint or an older folder.
+
+    Its config no longer names the pretrained weights, so ``sss validate --ckpt FOLDER`` hands these to
+    ``datamodule.use_model_preprocessing`` to decode as training did.
+
+    Example:
+        >>> folder = Path(__import__("tempfile").mkdtemp())
+        >>> _ = (folder / PREPROCESSING).write_text('{"classes": null, "image_size": 8, "image_mean": [0.5, 0.5, 0.5]}')
+        >>> recorded_preprocessing(folder)
+        {'image_mean': [0.5, 0.5, 0.5]}
+    """
+    prep = read_preprocessing(folder) if (Path(folder) / PREPROCESSING).is_file() else {}
+    return {key: prep[key] for key in ("image_mean", "image_std", "image_interpolation") if key in prep}
+
+
+def _with_weights_preprocessing(prep: dict[str, Any], module: torch.nn.Module) -> dict[str, Any]:
+    # What the weights bind (`HunterModule.preprocessing`: image mean/std/filter, audio front-end, the source
+    # weights' name) joins the data's settings; a data setting the weights also name was checked equal at fit.
+    bound = getattr(module, "preprocessing", None)
+    found = bound() if callable(bound) else {}
+    return {**prep, **{k: v for k, v in (found or {}).items() if k not in prep}}
+
+
 def export_model(
     module: torch.nn.Module,
     cfg: SSSConfig,
@@ -166,6 +192,7 @@ def export_model(
     published, dropped = _without_local_paths(cfg)
     (folder / "config.yaml").write_text(_config_yaml(published, dropped))
     prep = preprocessing(datamodule) if datamodule is not None else {"classes": None, "task": None}
+    prep = _with_weights_preprocessing(prep, module)
     (folder / PREPROCESSING).write_text(json.dumps(prep, indent=2))
     (folder / "README.md").write_text(_model_card(module, cfg, published, dropped, metrics, prep, weights_source))
     return folder
@@ -347,6 +374,31 @@ def _model_card(
         "--output preds.csv`. The full training configuration is in `config.yaml`"
         + (f" (local paths left out: {', '.join(dropped)})" if dropped else "")
         + ".\n"
+        + _card_preprocessing(prep)
+    )
+
+
+def _card_preprocessing(prep: dict[str, Any]) -> str:
+    # The model card's account of preprocessing.json: what sss predict and the ONNX inputs are prepared with.
+    from sss.data.manifest import ImageNorm
+
+    rows = {k: v for k, v in prep.items() if k not in ("classes", "task") and not k.endswith("_weights")}
+    if "image_size" in prep and "image_mean" not in prep:
+        norm = ImageNorm.of(prep)  # a model without bound image weights: the defaults, said as such
+        rows |= {
+            "image_mean": f"{list(norm.mean)} (ImageNet default)",
+            "image_std": f"{list(norm.std)} (ImageNet default)",
+            "image_interpolation": f"{norm.interpolation} (default)",
+        }
+    table = "".join(f"| {key} | {value} |\n" for key, value in rows.items())
+    sources = [f"{k.removesuffix('_weights')}: `{v}`" for k, v in prep.items() if k.endswith("_weights") and v]
+    if not table and not sources:
+        return ""  # a model whose data module records no decoding settings
+    return (
+        "\n## Preprocessing\n\nInputs are prepared as `preprocessing.json` records (`sss predict` and the ONNX "
+        "graph's example inputs use it):\n\n| setting | value |\n|---|---|\n"
+        + table
+        + ("\nPretrained weights the settings are bound to: " + ", ".join(sources) + ".\n" if sources else "")
     )
 
 
@@ -509,6 +561,24 @@ def _preprocessing_problem(prep: Any) -> str | None:
         value = prep.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
             return f"{key}: expected a positive number or null, got {value!r}"
+    return _image_problem(prep)
+
+
+def _image_problem(prep: dict[str, Any]) -> str | None:
+    # The image settings bound to the weights (absent in folders exported before they were recorded).
+    from sss.data.manifest import ImageNorm
+
+    for key in ("image_mean", "image_std"):
+        value = prep.get(key)
+        numbers = isinstance(value, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        if value is not None and not numbers:
+            return f"{key}: expected a list of 3 numbers, got {value!r}"
+    if prep.get("image_interpolation") is not None and not isinstance(prep["image_interpolation"], str):
+        return f"image_interpolation: expected a filter name, got {prep['image_interpolation']!r}"
+    try:
+        ImageNorm.of(prep)
+    except ValueError as err:
+        return str(err)
     return None
 
 

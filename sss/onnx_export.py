@@ -110,11 +110,21 @@ def example_inputs(module: nn.Module, prep: Mapping[str, Any], batch: int = 2, s
         if key == names.get("image"):
             side = prep["image_size"]
             h, w = (side, side) if isinstance(side, int) else tuple(side)
-            out[key] = torch.randn(batch, 3, h, w, generator=gen)
+            out[key] = _example_image(prep, (batch, 3, h, w), gen)
         else:
             samples = round(float(prep["sample_rate"]) * float(prep["clip_seconds"]))
             out[key] = torch.randn(batch, 1, samples, generator=gen) * 0.1
     return out
+
+
+def _example_image(prep: Mapping[str, Any], shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
+    # Weights bound to their own mean/std (a pretrained encoder's, recorded in preprocessing.json): random
+    # pixels normalised with those, as sss predict decodes; otherwise a standard normal, as before.
+    if prep.get("image_mean") is None and prep.get("image_std") is None:
+        return torch.randn(*shape, generator=gen)
+    from sss.data.manifest import ImageNorm
+
+    return ImageNorm.of(prep).normalise(torch.randint(0, 256, shape, generator=gen).float())
 
 
 class _Graph(nn.Module):

@@ -55,6 +55,11 @@ class EMA(Callback):
     all are; put `EarlyStopping` on ``val_ema/...`` after it). The RNG is restored after the pass,
     so adding the callback leaves the training itself bitwise unchanged.
 
+    With ``model.adapter`` (LoRA) the average covers the whole module as it trains: the adapter weights
+    (each of LoRA's A and B averaged on its own, as for any other parameter) and the frozen weights under
+    them, which stay as they are. An exported average is merged like the trained weights
+    (`sss.models.adapter.plain_export`): the model folder holds plain weights.
+
     Checkpoints hold the average (``ema.safetensors``) and a resume continues it exactly. With
     `export`, the exported model folder (``sss fit``'s ``OUTPUT_DIR/model``, ``sss export --ckpt``)
     holds the EMA weights instead of the trained ones, and its model card says so.

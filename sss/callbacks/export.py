@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.ema import exported_weights
+from sss.models.adapter import plain_export
 
 if TYPE_CHECKING:
     from sss.config import SSSConfig
@@ -31,7 +32,8 @@ def export_run_model(
     model card says so), else the trained ones, under the module's own names. The folder is
     `sss.model_folder.export_model`'s, with `metrics` in the model card and `cfg` as its
     ``config.yaml``; with no `cfg`, the run's ``OUTPUT_DIR/config.yaml`` (what ``sss fit`` stored),
-    or, when there is none (plain Python use), ``model.safetensors`` alone.
+    or, when there is none (plain Python use), ``model.safetensors`` alone. LoRA adapters
+    (``model.adapter``) are merged into plain weights, and the folder's config has no ``model.adapter``.
 
     Example:
         >>> import tempfile
@@ -57,6 +59,8 @@ def export_run_model(
         from sss.config import load_config
 
         cfg = load_config(stored)
+    # LoRA adapters (model.adapter) are merged: the folder holds plain weights and a config without the adapter.
+    module, cfg, weights, note = plain_export(module, cfg, weights, note)
     if cfg is None:
         return _weights_alone(module, weights, folder)
     from sss.model_folder import export_model

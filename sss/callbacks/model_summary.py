@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["BranchSummary", "ModelSummary", "summarize"]
+__all__ = ["BranchSummary", "ModelSummary", "summarize", "training_flops"]
 
 BRANCHES = ("image", "audio", "fusion", "heads")
 
@@ -70,16 +70,11 @@ def summarize(module: LitModule, batch: dict[str, Any] | None) -> list[BranchSum
         >>> [(r.branch, r.params, r.macs) for r in rows]  # 48*8 + 8, 16*8 + 8, 8*2 + 2
         [('image', 392, 384), ('audio', 136, 128), ('fusion', 18, 16), ('heads', 0, 0), ('total', 546, 528)]
     """
-    if not any(isinstance(getattr(module, attr, None), nn.Module) for attr in _ATTRS.values()):
-        params = list(module.parameters())
+    owned = _owned(module)
+    if "total" in owned:
+        params = owned["total"]
         macs = _flops(module, batch).get("Global", 0) // 2 if batch is not None else None
         return [BranchSummary("total", _count(params), _count(p for p in params if p.requires_grad), macs)]
-    owned: dict[str, list[nn.Parameter]] = {}
-    for key, attr in _ATTRS.items():
-        part = getattr(module, attr, None)
-        owned[key] = list(part.parameters()) if isinstance(part, nn.Module) else []
-    seen = {id(p) for params in owned.values() for p in params}
-    owned["heads"] = [p for p in module.parameters() if id(p) not in seen]
     macs = _macs(module, batch) if batch is not None else None
     rows = [
         BranchSummary(key, _count(owned[key]), _count(p for p in owned[key] if p.requires_grad), macs and macs[key])
@@ -89,6 +84,51 @@ def summarize(module: LitModule, batch: dict[str, Any] | None) -> list[BranchSum
     total_macs = sum(macs.values()) if macs else None
     rows.append(BranchSummary("total", _count(total), _count(p for p in total if p.requires_grad), total_macs))
     return rows
+
+
+def training_flops(module: nn.Module, rows: list[BranchSummary]) -> int | None:
+    """FLOPs of training on one sample, from the multiply-adds of `summarize`'s rows.
+
+    2 FLOPs per multiply-add; a branch with a trainable parameter now counts forward and backward
+    (3 x its forward, the usual MFU convention), a frozen one its forward only (nothing is
+    backpropagated through it), so a ``trainer.finetune`` unfreeze shows from the next call on.
+
+    Args:
+        module: The model the rows describe (its parameters' ``requires_grad`` are read now).
+        rows: `summarize`'s rows.
+
+    Returns:
+        FLOPs per sample, or None when the rows have no multiply-adds.
+
+    Example:
+        >>> from sss.testing import BoringModule
+        >>> model = BoringModule()
+        >>> rows = summarize(model, {"image": torch.zeros(1, 3, 4, 4), "audio": torch.zeros(1, 1, 16)})
+        >>> training_flops(model, rows)  # 2 x 3 x (384 + 128 + 16)
+        3168
+        >>> _ = model.audio_encoder.requires_grad_(False)
+        >>> training_flops(model, rows)  # the audio branch forward only: 2 x (3 x (384 + 16) + 128)
+        2656
+    """
+    macs = {row.branch: row.macs for row in rows}
+    owned = _owned(module)
+    if any(macs.get(branch) is None for branch in owned):
+        return None
+    passes = {branch: 3 if any(p.requires_grad for p in params) else 1 for branch, params in owned.items()}
+    return sum(2 * passes[branch] * macs[branch] for branch in owned)  # type: ignore[operator]
+
+
+def _owned(module: nn.Module) -> dict[str, list[nn.Parameter]]:
+    # Parameters by branch, as modality_groups splits them; {"total": ...} for a module with no branches.
+    if not any(isinstance(getattr(module, attr, None), nn.Module) for attr in _ATTRS.values()):
+        return {"total": list(module.parameters())}
+    owned: dict[str, list[nn.Parameter]] = {}
+    for key, attr in _ATTRS.items():
+        part = getattr(module, attr, None)
+        owned[key] = list(part.parameters()) if isinstance(part, nn.Module) else []
+    seen = {id(p) for params in owned.values() for p in params}
+    owned["heads"] = [p for p in module.parameters() if id(p) not in seen]
+    return owned
 
 
 def _count(params: Iterable[nn.Parameter]) -> int:
@@ -150,15 +190,33 @@ class ModelSummary(Callback):
         if not trainer.accelerator.is_main_process:
             return
         error = ""
-        sizes = self.image_size, self.audio_samples
-        self.image_size, self.audio_samples = _sizes_from(getattr(trainer, "datamodule", None), *sizes)
         try:
-            self.rows = summarize(module, self.dummy_batch(module))
+            self.rows = self.measure(module, getattr(trainer, "datamodule", None))
         except Exception as err:  # a summary must never stop a run
             self.rows, error = summarize(module, None), f"{type(err).__name__}: {err}"
+        _print(type(module).__name__, self.rows, error)
+
+    def measure(self, module: nn.Module, datamodule: Any = None) -> list[BranchSummary]:
+        """`summarize` on `dummy_batch`, its sizes left as None taken from `datamodule`; raises what the forward raises.
+
+        Args:
+            module: The model.
+            datamodule: The fit's datamodule, or None.
+
+        Returns:
+            The rows, with multiply-adds.
+
+        Example:
+            >>> from sss.testing import BoringModule
+            >>> ModelSummary(4, 16).measure(BoringModule())[-1].macs
+            528
+        """
+        sizes = self.image_size, self.audio_samples
+        self.image_size, self.audio_samples = _sizes_from(datamodule, *sizes)
+        try:
+            return summarize(module, self.dummy_batch(module))
         finally:
             self.image_size, self.audio_samples = sizes
-        _print(type(module).__name__, self.rows, error)
 
     def dummy_batch(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The one-sample batch the multiply-adds are measured on, on the module's device.

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
 
 __all__ = [
+    "ADAPTER_KEYS",
+    "adapter_problems",
     "check_config",
     "check_target",
     "config_targets",
@@ -23,6 +25,7 @@ __all__ = [
     "model_problems",
     "param_group_problems",
     "resolve_target",
+    "split_adapter",
 ]
 
 # Arguments the framework passes when it builds a part, so a YAML spec may leave them out.
@@ -367,8 +370,10 @@ def check_config(config: SSSConfig) -> list[str]:
     """
     errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
     if config.model:
-        errors += check_target(config.model, "model")
-        errors += [] if errors else model_problems(config.model)
+        model, adapter = split_adapter(config.model)  # model.adapter wraps the built model: no argument of it
+        errors += check_target(model, "model")
+        errors += [] if errors else model_problems(model)
+        errors += adapter_problems(adapter)
     errors += (
         check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
     )
@@ -405,7 +410,7 @@ def model_problems(spec: dict[str, Any]) -> list[str]:
 
 def _model_settings(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     # The class `spec` builds and the arguments it would get, for a class that resolves its settings; else None.
-    target, args, variant = resolve_target(spec["_target_"]), dict(spec), None
+    target, args, variant = resolve_target(spec["_target_"]), dict(split_adapter(spec)[0]), None
     del args["_target_"]
     class_for = _class_for(target)
     if class_for is not None:
@@ -453,7 +458,17 @@ def _conflicts(config: SSSConfig) -> list[str]:
         value = config.data.get(name)
         if workers == 0 and name in params and value not in (None, False):
             problems.append(workers_only(name, value))
+    encoder = (config.model or {}).get("audio_encoder")
+    if config.data.get("cache") == "features" and encoder in OWN_FRONTENDS:
+        problems.append(
+            f"data.cache=features stores sss's own log-mel, but model.audio_encoder={encoder} computes the log-mel its "
+            "weights were trained on, on the device: remove data.cache (or set data.cache=null)"
+        )
     return problems
+
+
+OWN_FRONTENDS = ("hf", "cnn14", "cnn10", "cnn6")
+"""Audio encoders whose front-end is bound to their pretrained weights (so sss's feature cache cannot feed them)."""
 
 
 def _parameters(spec: Any) -> typing.Mapping[str, inspect.Parameter]:
@@ -511,4 +526,69 @@ def param_group_problems(optim: Any) -> list[str]:
                     f"trainer.optim.param_groups[{i}].{key}: not a setting of {name}{hint}; "
                     f"a group may set: {', '.join(valid)} (and params, name)"
                 )
+    return problems
+
+
+ADAPTER_KEYS: dict[str, Any] = {
+    "type": typing.Literal["lora"],
+    "r": PositiveInt,
+    "alpha": PositiveFloat,
+    "dropout": Annotated[float, Ge(0), Lt(1)],
+    "target": str | list[str],
+}
+"""The settings of ``model.adapter`` and what each takes (``type`` and ``target`` are required)."""
+
+
+def split_adapter(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``model:`` without its ``adapter`` entry, and that entry (None when absent or null).
+
+    ``model.adapter`` is no argument of the model: `sss.run.parts.build_parts` builds the model from the
+    rest and then wraps it (`sss.models.adapter.apply_adapter`).
+
+    Example:
+        >>> split_adapter({"_target_": "a.B", "adapter": {"type": "lora", "target": ["x"]}})
+        ({'_target_': 'a.B'}, {'type': 'lora', 'target': ['x']})
+    """
+    rest = {k: v for k, v in spec.items() if k != "adapter"}
+    adapter = spec.get("adapter")
+    return rest, (dict(adapter) if isinstance(adapter, typing.Mapping) else adapter)
+
+
+def adapter_problems(adapter: Any) -> list[str]:
+    """What ``model.adapter`` gets wrong, each naming its key, building nothing (None: no adapter, no problem).
+
+    Whether the targets match modules of the model is known only once it is built (`apply_adapter`).
+
+    Example:
+        >>> adapter_problems({"type": "lora", "r": 0, "target": ["audio_encoder"], "dropuot": 0.1})
+        ["model.adapter.dropuot: unknown setting (did you mean 'dropout'?); valid: type, r, alpha, dropout, target",
+         'model.adapter.r: must be >= 1, got 0']
+    """
+    if adapter is None:
+        return []
+    if not isinstance(adapter, dict):
+        return [
+            f"model.adapter: expected a mapping such as {{type: lora, r: 8, target: [audio_encoder]}}, got {adapter!r}"
+        ]
+    problems = []
+    for key in adapter:
+        if key not in ADAPTER_KEYS:
+            close = difflib.get_close_matches(str(key), list(ADAPTER_KEYS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"model.adapter.{key}: unknown setting{hint}; valid: {', '.join(ADAPTER_KEYS)}")
+    for key in ("type", "target"):
+        if adapter.get(key) is None:
+            example = "lora (the one adapter type sss builds)" if key == "type" else "[audio_encoder]"
+            problems.append(f"model.adapter.{key}: missing; set it, e.g. model.adapter.{key}={example.split()[0]}")
+    for key, hint in ADAPTER_KEYS.items():
+        value = adapter.get(key)
+        verdict = _OK if value is None else _judge(value, hint)
+        if verdict.kind == "type":
+            problems.append(f"model.adapter.{key}: expected {verdict.text}, got {type(value).__name__} {value!r}")
+        elif verdict.kind == "value":
+            problems.append(f"model.adapter.{key}: {verdict.text}, got {value!r}")
+    target = adapter.get("target")
+    names = [target] if isinstance(target, str) else target
+    if target is not None and not (isinstance(names, list) and names and all(isinstance(t, str) and t for t in names)):
+        problems.append(f"model.adapter.target: expected module names or globs (e.g. [audio_encoder]), got {target!r}")
     return problems

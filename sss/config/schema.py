@@ -316,6 +316,9 @@ class TrainerConfig:
         for key in ("overfit_batches", "fast_dev_run"):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key} must be >= 0 (0 turns it off), got {value}")
+        self._check_features()
+
+    def _check_features(self) -> None:
         require(
             self.compile in COMPILE_MODES,
             f"trainer.compile must be false, true, full or regional, got {self.compile!r}",

@@ -29,11 +29,13 @@ except ImportError:  # Windows: no flock; callers' atomic renames alone keep hal
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "IMAGENET",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "MIN_IMAGE_SIDE",
     "Crop",
     "EventTable",
+    "ImageNorm",
     "event_frames",
     "load_audio",
     "load_image",
@@ -55,9 +57,67 @@ _REDUCING_GAP = 2
 many times the target side, so the final bilinear resize (and a random crop of half the area)
 still shrinks it: the result matches a direct resize to within rounding, at a fraction of the memory."""
 
-# (x / 255 - mean) / std folded into one multiply-add per pixel.
-_SCALE = torch.tensor([1 / (255 * s) for s in IMAGENET_STD]).view(3, 1, 1)
-_SHIFT = torch.tensor([-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD, strict=True)]).view(3, 1, 1)
+_FILTERS = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+"""Resize filters by timm's names (its ``pretrained_cfg["interpolation"]``): timm's PIL transforms use these."""
+
+
+@functools.lru_cache(maxsize=16)
+def _folded(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[Tensor, Tensor]:
+    # (x / 255 - mean) / std folded into one multiply-add per pixel (the same arithmetic for any stats,
+    # so the ImageNet defaults give the very tensors they always gave).
+    scale = torch.tensor([1 / (255 * s) for s in std]).view(3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(3, 1, 1)
+    return scale, shift
+
+
+class ImageNorm(NamedTuple):
+    """How 8-bit RGB pixels become a model input: per-channel mean and std of [0, 1] values, and the resize filter.
+
+    The default is ImageNet's statistics with bilinear resizing; an image encoder with pretrained
+    weights binds its own (`sss.models.TokenEncoder.preprocessing`), and the data decodes with them.
+
+    Example:
+        >>> ImageNorm.of({"image_mean": [0.5] * 3, "image_std": [0.5] * 3}).interpolation
+        'bilinear'
+        >>> ImageNorm.of({}) == IMAGENET
+        True
+    """
+
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: str = "bilinear"
+
+    @classmethod
+    def of(cls, prep: Any) -> ImageNorm:
+        """From a ``preprocessing()`` / ``preprocessing.json`` mapping; keys it lacks keep the defaults.
+
+        Raises:
+            ValueError: Not three positive std values, three means, or an interpolation PIL has no filter for.
+        """
+        mean = tuple(float(v) for v in prep.get("image_mean") or IMAGENET_MEAN)
+        std = tuple(float(v) for v in prep.get("image_std") or IMAGENET_STD)
+        interpolation = str(prep.get("image_interpolation") or "bilinear")
+        if len(mean) != 3 or len(std) != 3 or not all(v > 0 and math.isfinite(v) for v in std):
+            raise ValueError(f"image_mean/image_std must be 3 values each (std > 0), got {list(mean)}, {list(std)}")
+        if interpolation not in _FILTERS:
+            raise ValueError(f"image_interpolation must be one of {', '.join(_FILTERS)}, got {interpolation!r}")
+        return cls(mean, std, interpolation)
+
+    def normalise(self, pixels: Tensor) -> Tensor:
+        """Float pixels in [0, 255] ``[..., 3, H, W]`` normalised in place (and returned)."""
+        scale, shift = _folded(self.mean, self.std)
+        return pixels.mul_(scale).add_(shift)
+
+
+IMAGENET = ImageNorm()
+"""The decoding every model without bound weights gets: ImageNet mean/std, bilinear resize."""
 
 
 class Crop(NamedTuple):
@@ -159,31 +219,36 @@ def _to_8bit(img: Image.Image, mode: str) -> Image.Image:
     return img.convert(mode)
 
 
-def _resize(img: Image.Image, size: int, crop: Crop | None, extent: tuple[float, float]) -> Image.Image:
+def _resize(
+    img: Image.Image, size: int, crop: Crop | None, extent: tuple[float, float], resample: str = "bilinear"
+) -> Image.Image:
     w, h = extent
     box = None if extent == img.size else (0.0, 0.0, w, h)
     if crop is not None and (crop.width, crop.height) != (1.0, 1.0):
         box = (crop.left * w, crop.top * h, (crop.left + crop.width) * w, (crop.top + crop.height) * h)
     if box is not None or img.size != (size, size):
         # resize(box=) crops and resizes in one pass, without materialising the crop.
-        img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
+        img = img.resize((size, size), _FILTERS[resample], box=box)
     if crop is not None and crop.flip:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return img
 
 
-def _pixels(path: str | os.PathLike[str], size: int, mode: str, crop: Crop | None) -> Image.Image:
+def _pixels(
+    path: str | os.PathLike[str], size: int, mode: str, crop: Crop | None, resample: str = "bilinear"
+) -> Image.Image:
     """Decode, reduce, convert to 8-bit ``mode``, crop and resize: the steps every image loader shares."""
     with _open_pixels(path, size) as img:
         small, extent = _shrink(img, size)
-        return _resize(_to_8bit(small, mode), size, crop, extent)
+        return _resize(_to_8bit(small, mode), size, crop, extent, resample)
 
 
-def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None) -> Tensor:
+def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None, norm: ImageNorm = IMAGENET) -> Tensor:
     """Read an image of any mode and size as a normalised float tensor ``[3, size, size]``.
 
     Converted to RGB (16-bit and float images are scaled, not clipped), cropped by ``crop`` when
-    given, resized (bilinear), scaled to [0, 1] and normalised with the ImageNet mean and std. Any
+    given, resized (``norm``'s filter: bilinear by default), scaled to [0, 1] and normalised with
+    ``norm``'s mean and std (ImageNet's by default; a pretrained encoder's own when bound). Any
     aspect works (a 5x300 line-scan strip is stretched to the square). A large image is decoded
     at reduced scale (JPEG) or box-reduced right after decoding (other formats) before anything
     else copies it, so memory stays near one decoded copy of the file's pixels.
@@ -192,6 +257,7 @@ def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None
         path: Image file (PNG, JPEG, BMP, WebP, TIFF, ...).
         size: Side of the square output.
         crop: Crop box and flip (training augmentation); None keeps the whole image.
+        norm: Mean, std and resize filter.
 
     Returns:
         The image tensor.
@@ -208,13 +274,13 @@ def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None
         >>> image.shape, round(image[0, 0, 0].item(), 3)
         (torch.Size([3, 64, 64]), 2.249)
     """
-    rgb = _pixels(path, size, "RGB", crop)
+    rgb = _pixels(path, size, "RGB", crop, norm.interpolation)
     pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32)).permute(2, 0, 1).contiguous()
-    return pixels.mul_(_SCALE).add_(_SHIFT)
+    return norm.normalise(pixels)
 
 
-def load_image_u8(path: str | os.PathLike[str], size: int) -> np.ndarray:
-    """The resized RGB image as uint8 ``[3, size, size]`` (what the feature cache stores).
+def load_image_u8(path: str | os.PathLike[str], size: int, norm: ImageNorm = IMAGENET) -> np.ndarray:
+    """The resized RGB image as uint8 ``[3, size, size]`` (what the feature cache stores); ``norm``'s resize filter.
 
     Example:
         >>> import tempfile
@@ -224,19 +290,19 @@ def load_image_u8(path: str | os.PathLike[str], size: int) -> np.ndarray:
         ...     load_image_u8(f"{tmp}/red.png", 16)[:, 0, 0].tolist()
         [255, 0, 0]
     """
-    rgb = _pixels(path, size, "RGB", None)
+    rgb = _pixels(path, size, "RGB", None, norm.interpolation)
     return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1))
 
 
-def normalise_u8(pixels: Tensor) -> Tensor:
-    """uint8 ``[..., 3, H, W]`` to the normalised float image `load_image` returns.
+def normalise_u8(pixels: Tensor, norm: ImageNorm = IMAGENET) -> Tensor:
+    """uint8 ``[..., 3, H, W]`` to the normalised float image `load_image` returns (``norm``'s mean and std).
 
     Example:
         >>> import torch
         >>> round(normalise_u8(torch.full((3, 2, 2), 255, dtype=torch.uint8))[0, 0, 0].item(), 3)
         2.249
     """
-    return pixels.float().mul_(_SCALE).add_(_SHIFT)
+    return norm.normalise(pixels.float())
 
 
 def load_mask(path: str | os.PathLike[str], size: int, crop: Crop | None = None) -> Tensor:

@@ -3,7 +3,8 @@
 Decoding, resampling and resizing cost far more than reading a few kilobytes from a memory map,
 and they give the same answer every epoch (augmentation aside). So the cache stores, per split:
 
-- ``images.npy``: uint8 ``[N, 3, S, S]``, resized, not normalised (4x smaller than float);
+- ``images.npy``: uint8 ``[N, 3, S, S]``, resized (with the dataset's `ImageNorm` filter), not normalised
+  (4x smaller than float; the mean and std are applied when reading);
 - ``masks.npy``: uint8 ``[N, 1, S, S]`` when the split has masks;
 - ``audio.npy``: float32 ``[N, 1, n_mels, T]`` log-mel in dB, computed exactly like
   `sss.models.LogMelFrontend` before its normalisation (power STFT, Hann window, centred
@@ -11,8 +12,9 @@ and they give the same answer every epoch (augmentation aside). So the cache sto
   4-D features and skips its own STFT;
 - ``meta.json``: shapes, the key's inputs, crop starts, and the rows that failed to decode.
 
-The folder name is a hash of the file list (paths, sizes, modification times) and of the
-front-end settings: touching a file or changing a setting builds a new cache. A cache is built
+The folder name is a hash of the file list (paths, sizes, modification times), of the
+front-end settings and of a non-default image normalisation (a pretrained encoder's): touching
+a file or changing a setting builds a new cache. A cache is built
 in a temporary folder and renamed into place when complete, under an exclusive file lock, so
 several processes starting at once build it once and never read a half-written one.
 
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from sss.data._decode import DataError, file_lock, single_thread
+from sss.data._decode import IMAGENET, DataError, file_lock, single_thread
 
 __all__ = ["CACHE_VERSION", "FeatureCache", "LogMel", "attach_feature_cache", "cache_key"]
 
@@ -127,7 +129,7 @@ class FeatureCache:
 
 
 def cache_key(dataset: Any, n_mels: int) -> str:
-    """Hash of the split's files (path, size, mtime) and the front-end settings.
+    """Hash of the split's files (path, size, mtime), the front-end settings and the image normalisation.
 
     Example:
         >>> import tempfile
@@ -151,6 +153,11 @@ def cache_key(dataset: Any, n_mels: int) -> str:
         "mask": dataset.has_mask,
         **_settings(dataset.sample_rate, n_mels),
     }
+    norm = getattr(dataset, "image_norm", IMAGENET)
+    if norm != IMAGENET:  # only then, so that the caches built before image_norm existed keep their key
+        # The resize filter changes the stored pixels; mean/std are applied when reading, but are keyed
+        # too, so a cache is never shared across the input preparation of different weights.
+        settings["image_norm"] = [list(norm.mean), list(norm.std), norm.interpolation]
     digest = hashlib.sha256(json.dumps([settings, files]).encode())
     return digest.hexdigest()[:16]
 

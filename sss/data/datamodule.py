@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -52,6 +53,28 @@ class DataModule:
 
         Runs on every process; anything that writes shared files must be safe to run concurrently.
         """
+
+    def use_model_preprocessing(self, prep: dict[str, Any]) -> None:
+        """Prepare inputs as the model's pretrained weights expect; `prep` is ``module.preprocessing()``.
+
+        Called after the model is built (``image_mean``, ``image_std``, ``image_interpolation``,
+        ``image_size``, audio settings: see ``docs/finetune.md``). `ManifestDataModule` decodes with them;
+        this default cannot, so it says which settings the weights expect and the data module leaves out.
+
+        Example:
+            >>> DataModule().use_model_preprocessing({})  # random init: nothing bound, nothing said
+            >>> DataModule().use_model_preprocessing({"image_mean": [0.5, 0.5, 0.5]})
+            sss: DataModule does not take the input preparation the weights expect (image_mean=[0.5, 0.5, 0.5]); ...
+        """
+        told = ("image_weights", "image_input_size")  # what the weights are, not how to prepare inputs
+        keys = {k: v for k, v in prep.items() if k.startswith("image_") and k not in told}
+        if keys and int(os.environ.get("RANK", "0")) == 0:
+            shown = ", ".join(f"{k}={v}" for k, v in keys.items())
+            print(
+                f"sss: {type(self).__name__} does not take the input preparation the weights expect ({shown}); "
+                "normalise its images with these values, or override use_model_preprocessing",
+                flush=True,
+            )
 
     def train_dataloader(self) -> DataLoader[Any]:
         """The training loader. Subclasses must implement it."""

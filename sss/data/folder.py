@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
 from sss.config.errors import ConfigError, workers_only
-from sss.data._decode import DataError
+from sss.data._decode import IMAGENET, DataError, ImageNorm
 from sss.data._paths import RootRule, not_regular
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
@@ -129,6 +129,7 @@ class ManifestDataModule(DataModule):
         self.augment, self.event_frame_rate, self.n_mels = augment, event_frame_rate, n_mels
         self.cache, self.cache_dir = cache, cache_dir
         self.on_error, self.allow_outside_root = on_error, allow_outside_root
+        self.image_norm = IMAGENET  # a pretrained image encoder's own: `use_model_preprocessing`
         self.datasets: dict[str, ManifestDataset] = {}
         self.event_classes: list[str] = []
         self.modalities: tuple[str, ...] = ()
@@ -201,7 +202,55 @@ class ManifestDataModule(DataModule):
             allow_outside_root=self.allow_outside_root,
             skip_log=self.skip_log.path,
             seed=self.seed,
+            image_norm=self.image_norm,
         )
+
+    def use_model_preprocessing(self, prep: dict[str, Any]) -> None:
+        """Decode images as the model's weights expect: `prep` is ``module.preprocessing()`` (called after building).
+
+        ``image_mean`` / ``image_std`` / ``image_interpolation`` replace the ImageNet defaults for every split
+        (a feature cache already attached is re-keyed, and rebuilt once when its resize filter changes); an
+        ``image_size`` in `prep` is a size the weights take and no other (a ViT's fixed position table), which
+        ``data.image_size`` must equal. An empty `prep` (random init) changes nothing.
+
+        Raises:
+            ConfigError: ``data.image_size`` differs from the weights' fixed input size.
+
+        Example:
+            >>> dm = ManifestDataModule(image_size=64)
+            >>> dm.use_model_preprocessing({"image_mean": [0.5] * 3, "image_std": [0.5] * 3})
+            >>> dm.image_norm.mean
+            (0.5, 0.5, 0.5)
+            >>> dm.use_model_preprocessing({"image_size": 224, "image_weights": "timm:vit_tiny_patch16_224"})
+            Traceback (most recent call last):
+            ...
+            sss.config.errors.ConfigError: data.image_size=64, but the image encoder's weights ...
+        """
+        fixed = prep.get("image_size")
+        if fixed is not None and fixed != self.image_size and self.modalities != ("audio",):
+            source = prep.get("image_weights") or "the image encoder's"
+            square = f"set data.image_size={fixed}, or " if isinstance(fixed, int) else ""  # the data is square
+            raise ConfigError(
+                f"data.image_size={self.image_size}, but the image encoder's weights ({source}) take a fixed input "
+                f"size of {fixed} (a position table for one patch grid): {square}set "
+                f"model.image_kwargs.img_size={self.image_size} to have timm resample the table as it loads the weights"
+            )
+        try:
+            norm = ImageNorm.of(prep)
+        except ValueError as err:
+            raise ConfigError(
+                f"the image encoder's preprocessing (its weights' pretrained config): {err}; correct the "
+                "pretrained_cfg block of the config.json beside the weights file"
+            ) from None
+        self.image_norm = norm
+        for dataset in self.datasets.values():
+            if dataset.image_norm == norm:
+                continue
+            dataset.image_norm = norm
+            if dataset.cache is not None:
+                from sss.data.cache import attach_feature_cache
+
+                attach_feature_cache(dataset, self.cache_dir, self.n_mels, self.num_workers)
 
     def describe(self, inferred: bool = False) -> str:
         """One line: root, layout, classes, task, modalities, clip length, rows per split."""

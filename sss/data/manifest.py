@@ -25,11 +25,13 @@ from torch import Tensor
 from torch.utils.data import Dataset, default_collate
 
 from sss.data._decode import (
+    IMAGENET,
     IMAGENET_MEAN,
     IMAGENET_STD,
     Crop,
     DataError,
     EventTable,
+    ImageNorm,
     describe,
     event_frames,
     load_audio,
@@ -46,10 +48,12 @@ from sss.data._skiplog import SkipLog
 from sss.data.layouts import SplitRows, read_split
 
 __all__ = [
+    "IMAGENET",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "CollatedBatch",
     "DataError",
+    "ImageNorm",
     "ManifestDataset",
     "SkipLog",
     "collate",
@@ -87,7 +91,7 @@ class _SeededDraws:
 class ManifestDataset(Dataset[dict[str, Any]]):
     """The rows of one split as dicts of tensors, decoded on access.
 
-    An item holds the keys its rows have: ``"image"`` float ``[3, S, S]`` (ImageNet-normalised),
+    An item holds the keys its rows have: ``"image"`` float ``[3, S, S]`` (normalised by ``image_norm``),
     ``"audio"`` float ``[1, N]`` (mono at ``sample_rate``, ``N = round(sample_rate * clip_seconds)``;
     ``[1, M, T]`` log-mel when a feature cache is attached), ``"label"`` long ``[]`` or
     ``"labels"`` multi-hot float ``[K]``, ``"mask"`` float ``[1, S, S]`` in [0, 1], ``"events"``
@@ -118,6 +122,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         skip_log: Where skipped rows are recorded (``on_error="skip"``); None: a temporary file.
         require_label: Refuse a manifest without ``label``/``labels`` (False for prediction inputs).
         seed: Seed of the augmentation: a sample's crops and flips are a function of (seed, epoch, index).
+        image_norm: Mean, std and resize filter of the images (`ImageNorm`); None: ImageNet's, bilinear. A
+            pretrained image encoder's come from its ``preprocessing()`` (see ``use_model_preprocessing``).
 
     Example:
         >>> import tempfile
@@ -149,6 +155,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         skip_log: str | os.PathLike[str] | None = None,
         require_label: bool = True,
         seed: int = 0,
+        image_norm: ImageNorm | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
@@ -162,7 +169,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             raise FileNotFoundError(f"manifest not found: {self.root / split}.csv (or .jsonl) for layout {layout!r}")
         self.source = found.source
         self.on_error, self.allow_outside_root, self.require_label = on_error, allow_outside_root, require_label
-        self.seed = seed
+        self.seed, self.image_norm = seed, image_norm or IMAGENET
         # Shared memory, so that persistent DataLoader workers see the epoch the trainer sets.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.skip_log = SkipLog(skip_log or Path(tempfile.gettempdir()) / f"sss-skipped-{uuid.uuid4().hex}.csv")
@@ -373,7 +380,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         for key, array, scale in (("image", "images", None), ("mask", "masks", 1 / 255)):
             if (key == "image" and "image" in self.modalities) or (key == "mask" and self.has_mask):
                 pixels = torch.from_numpy(np.asarray(getattr(self.cache, array)[rows[order]])[back])
-                value = normalise_u8(pixels) if scale is None else pixels.float().mul_(scale)
+                value = normalise_u8(pixels, self.image_norm) if scale is None else pixels.float().mul_(scale)
                 if flip is not None and bool(flip.any()):
                     value[flip] = value[flip].flip(-1)
                 batch[key] = value
@@ -450,9 +457,10 @@ class ManifestDataset(Dataset[dict[str, Any]]):
 
     def _image(self, index: int, crop: Crop | None) -> Tensor:
         if self.cache is not None:
-            pixels = normalise_u8(torch.from_numpy(np.array(self.cache.images[index])))
+            pixels = normalise_u8(torch.from_numpy(np.array(self.cache.images[index])), self.image_norm)
             return pixels.flip(-1) if crop is not None and crop.flip else pixels
-        return self._guard(index, "image", self.images[index], lambda p: load_image(p, self.image_size, crop))
+        norm = self.image_norm
+        return self._guard(index, "image", self.images[index], lambda p: load_image(p, self.image_size, crop, norm))
 
     def _mask(self, index: int, crop: Crop | None) -> Tensor:
         if self.cache is not None:
@@ -497,7 +505,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         from sss.data._decode import load_image_u8
 
         if "image" in self.modalities:
-            image = self._guard(index, "image", self.images[index], lambda p: load_image_u8(p, self.image_size))
+            size, norm = self.image_size, self.image_norm
+            image = self._guard(index, "image", self.images[index], lambda p: load_image_u8(p, size, norm))
         if self.has_mask:
             mask = self._guard(
                 index, "mask", self.masks[index], lambda p: load_mask(p, self.image_size).mul(255).round()

@@ -12,6 +12,8 @@ Example:
 from sss.models.audio.ast import AudioSpectrogramTransformer
 from sss.models.audio.cnn import AudioCNN
 from sss.models.audio.frontend import LogMelFrontend
+from sss.models.audio.hf import HFAudioEncoder
+from sss.models.audio.panns import PannsEncoder
 from sss.models.base import TokenEncoder
 from sss.models.fusion.bottleneck import BottleneckFusion
 from sss.models.fusion.cross_attention import CrossModalFusion
@@ -36,10 +38,12 @@ __all__ = [
     "BottleneckFusion",
     "CrossModalFusion",
     "EventHead",
+    "HFAudioEncoder",
     "HunterModule",
     "LateFusion",
     "LogMelFrontend",
     "MaskHead",
+    "PannsEncoder",
     "TimmImageEncoder",
     "TokenEncoder",
     "create_model",

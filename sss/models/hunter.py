@@ -15,6 +15,7 @@ from torch import Tensor
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 from sss.metrics.task import task_outputs
+from sss.models._hunter_checks import LOSS_KEYS, MIN_SAMPLE_RATE, setting_problems
 from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
 from sss.models.fusion.base import FusionHead
@@ -23,8 +24,6 @@ from sss.models.registry import (
     EncoderSettings,
     build_encoder,
     fusion_class,
-    list_encoders,
-    list_fusions,
     register_model,
 )
 from sss.trainer.module import LitModule
@@ -38,16 +37,6 @@ __all__ = [
     "hunter_small",
     "hunter_tiny",
 ]
-
-CHECKPOINTS = ("backbone", "stages")
-"""Names accepted by ``HunterModule(image_checkpointing=...)``."""
-
-LOSS_KEYS = ("label", "labels", "events", "mask")
-"""Batch targets `HunterModule.compute_loss` knows, and the keys of ``loss_weights``."""
-
-MIN_SAMPLE_RATE = 100
-"""The lowest ``sample_rate`` the audio front-end takes: its hop is ``sample_rate // 100`` samples (10 ms) and its
-mel filters start at 50 Hz, which must lie below the Nyquist frequency."""
 
 
 class HunterModule(LitModule):
@@ -73,12 +62,14 @@ class HunterModule(LitModule):
         image_checkpointing: What gradient checkpointing recomputes on the image side: ``"backbone"``
             (the whole backbone as one segment, for small CNNs) or ``"stages"`` (timm's per-stage).
         dim: Token width shared by both encoders, the fusion and the heads.
-        audio_encoder: ``"cnn"`` (`AudioCNN`), ``"ast"`` (`AudioSpectrogramTransformer`) or another
-            name registered with `sss.models.registry.register_encoder`.
+        audio_encoder: ``"cnn"`` (`AudioCNN`), ``"ast"`` (`AudioSpectrogramTransformer`), ``"hf"`` (`HFAudioEncoder`:
+            a Hugging Face AST, wav2vec2/HuBERT/WavLM, Whisper encoder or CLAP audio tower over its own front-end)
+            or another name registered with `sss.models.registry.register_encoder`.
         audio_width: Channels of the first CNN block (doubled per block); the AST's width is ``dim``.
         audio_depth: CNN blocks (each halves time and frequency), or AST transformer blocks.
         audio_stem_stride: Stride of the first CNN convolution (2 = cheaper, coarser); CNN only.
-        audio_kwargs: Extra arguments of the audio encoder class, e.g. ``{"patch_stride": [10, 10]}`` for the AST.
+        audio_kwargs: Extra arguments of the audio encoder class, e.g. ``{"patch_stride": [10, 10]}`` for the AST;
+            for ``"hf"``: ``max_frames`` (AST), and ``hf_config``/``feature_extractor`` (filled by ``sss fit``).
         audio_pretrained: Pretrained audio weights: a local Hugging Face model folder for ``audio_encoder="hf"``,
             a ``.safetensors`` file for the PANNs CNNs (``sss convert panns``); None for random init.
         audio_strict: Refuse audio weights that fill fewer than all of the encoder's tensors (False: load what
@@ -237,7 +228,7 @@ class HunterModule(LitModule):
             >>> HunterModule.setting_problems({"fusion": "early", "dim": 30})[1]
             ('dim', 'dim=30 must be divisible by heads=4 (model.dim / model.heads)')
         """
-        return _setting_problems(settings)
+        return setting_problems(settings)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Encode the modalities present, drop some in training, fuse, and run the heads.
@@ -552,53 +543,6 @@ def _fusion(settings: dict[str, Any]) -> FusionHead:
         **own,
         **(settings["fusion_kwargs"] or {}),
     )
-
-
-def _setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-    # HunterModule.setting_problems, in the order the constructor has always checked them.
-    get, problems = settings.get, []
-    fusions, audio_encoders = tuple(list_fusions()), tuple(list_encoders("audio"))
-    for key, choices in (("fusion", fusions), ("audio_encoder", audio_encoders), ("image_checkpointing", CHECKPOINTS)):
-        if key in settings and settings[key] not in choices:
-            problems.append((key, _unknown_choice(key, settings[key], choices)))
-    dim, heads, rate = get("dim", 128), get("heads", 4), get("sample_rate", 16000)
-    if dim < 1 or heads < 1:  # a zero-width model builds, and trains to exit 0
-        key = "dim" if dim < 1 else "heads"
-        problems.append((key, f"dim={dim} and heads={heads} must both be >= 1 (model.{key})"))
-    elif dim % heads:
-        problems.append(("dim", f"dim={dim} must be divisible by heads={heads} (model.dim / model.heads)"))
-    if rate < MIN_SAMPLE_RATE:
-        why = "its hop is sample_rate // 100 samples, its lowest mel filter 50 Hz"
-        problems.append(
-            (
-                "sample_rate",
-                f"sample_rate={rate} Hz is below {MIN_SAMPLE_RATE} Hz, the least the audio "
-                f"front-end takes ({why}): give the audio's rate, e.g. 16000 (model.sample_rate)",
-            )
-        )
-    dropout = get("modality_dropout", 0.0)
-    if not 0.0 <= dropout <= 0.5:
-        why = "each modality is dropped with this probability and never both at once"
-        problems.append(("modality_dropout", f"modality_dropout={dropout} must be in [0, 0.5]: {why}"))
-    modalities, fusion = list(get("modalities", ("image", "audio"))), get("fusion", "cross_attention")
-    if not set(modalities) or set(modalities) - {"image", "audio"}:
-        problems.append(("modalities", f"modalities={modalities} must be a non-empty subset of ['image', 'audio']"))
-    elif len(set(modalities)) == 1 and (fusion not in fusions or fusion_class(fusion).needs_both_modalities):
-        alone = " or ".join(f"model.fusion={name}" for name in fusions if not fusion_class(name).needs_both_modalities)
-        why = f"fuses two modalities; with modalities={modalities} use {alone}"
-        problems.append(("fusion", f"fusion={fusion!r} {why}"))
-    unknown = sorted(set(get("loss_weights") or {}) - set(LOSS_KEYS))
-    if unknown:
-        problems.append(
-            ("loss_weights", f"unknown loss_weights key(s) {unknown}; the targets are {', '.join(LOSS_KEYS)}")
-        )
-    return problems
-
-
-def _unknown_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(str(value), choices, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {key.replace('_', ' ')} {value!r}{hint}; choose one of {', '.join(choices)} (model.{key})"
 
 
 def _create(variant: str, overrides: dict[str, Any]) -> HunterModule:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = ["EXIT_CONFIG", "RUN", "check", "check_flags", "config", "data", "export", "fit", "predict", "test", "tune"]
-__all__ += ["validate"]
+__all__ += ["convert", "validate"]
 
 EXIT_CONFIG = 2
 """The exit code of a configuration problem (1: a problem while running; 130: Ctrl-C)."""
@@ -358,6 +358,23 @@ def data(
     sizes = {"n_train": n, "n_val": n_val, "n_test": n_test, "image_size": image_size}
     sound = {"sample_rate": sample_rate, "clip_seconds": clip_seconds}
     print(f"wrote {make_industrial(out, seed=seed, task=task, **sizes, **sound)}")
+    return 0
+
+
+def convert(what: Literal["panns"], src: str, out: str) -> int:
+    """``sss convert panns IN.pth OUT.safetensors``: a PANNs checkpoint to safetensors (model.audio_pretrained).
+
+    The pickle is read with torch.load(weights_only=True), only numpy's array and scalar globals allowed: a
+    file naming anything else is refused without running it. OUT is never overwritten.
+
+    Args:
+        what: panns: PANNs' Cnn14 / Cnn10 / Cnn6 (32 kHz) checkpoints, e.g. Cnn14_mAP=0.431.pth
+        src: the checkpoint to read (IN.pth)
+        out: the safetensors file to write (must not exist)
+    """
+    from sss.run.convert import convert_panns
+
+    convert_panns(src, out)
     return 0
 
 

@@ -12,7 +12,7 @@ from sss.checkpoint import MARKER
 from sss.config import ConfigError, SSSConfig, load_config
 from sss.config.instantiate import config_targets
 from sss.evaluation import evaluate, print_evaluation
-from sss.model_folder import UntrustedCodeError, load_trained_weights
+from sss.model_folder import UntrustedCodeError, load_trained_weights, recorded_preprocessing
 from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer
 
@@ -23,6 +23,11 @@ def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: 
     """``sss validate|test [CONFIG] --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json."""
     parts = build_parts(cfg)  # classes and modalities, as at training time
     state, datamodule, module = parts.state, parts.datamodule, parts.module
+    # A model folder's config no longer names the pretrained weights its image side was bound to (#25): decode with
+    # the mean/std/filter its preprocessing.json records (a training checkpoint's config still names the weights).
+    use = getattr(datamodule, "use_model_preprocessing", None)
+    if callable(use) and (recorded := recorded_preprocessing(ckpt)):
+        use(recorded)
     path = _output_path(cfg, ckpt, split, output) if state.is_main_process else None
     load_trained_weights(module, ckpt, "Evaluate with the config and overrides it was trained with.")
     quiet = dataclasses.replace(  # the whole split, whatever the training run limited

@@ -9,6 +9,7 @@ from sss.callbacks.ema import ema_export_spec, load_ema_weights, weights_note
 from sss.checkpoint import MARKER
 from sss.config import SSSConfig
 from sss.model_folder import WEIGHTS, add_onnx, export_model, fresh_folder, load_trained_weights
+from sss.models.adapter import plain_export
 from sss.run.parts import build_parts
 
 __all__ = ["export_checkpoint"]
@@ -24,7 +25,9 @@ def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path, f
     config has ``callbacks: [{_target_: sss.callbacks.EMA, export: true}]``); the metrics for the
     model card from its ``trainer_state.json``. An existing non-empty `out` is refused, never overwritten.
     ``format="onnx"`` adds ``model.onnx`` and its model card part (`sss.model_folder.add_onnx`);
-    when that export fails, `out` is left as it was.
+    when that export fails, `out` is left as it was. LoRA adapters (``model.adapter``) are merged into
+    plain weights (no ``lora_`` keys in the safetensors or the ONNX graph), and the folder's ``config.yaml``
+    has no ``model.adapter``: `sss.load_model` builds the plain model.
     """
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -40,8 +43,10 @@ def export_checkpoint(cfg: SSSConfig, checkpoint: str | Path, out: str | Path, f
         note = weights_note(ema)
     meta = json.loads((checkpoint / MARKER).read_text())
     metrics = dict(meta.get("metrics", {}))
+    # LoRA adapters (model.adapter) merged into plain weights; the folder's config builds the plain model.
+    module, cfg, _, note = plain_export(parts.module, cfg, None, note)
     with fresh_folder(out):  # a failed export leaves no folder behind, and a full disk names `out`
-        export_model(parts.module, cfg, metrics, out, parts.datamodule, weights_source=note)
+        export_model(module, cfg, metrics, out, parts.datamodule, weights_source=note)
         if format == "onnx":
-            add_onnx(parts.module, out)
+            add_onnx(module, out)
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sss.config import ConfigError, SSSConfig, instantiate
+from sss.config.instantiate import split_adapter
 from sss.run.cluster import preflight_rendezvous
 from sss.trainer.module import LitModule
 from sss.trainer.trainer import use_cpu
@@ -56,13 +57,35 @@ def build_parts(cfg: SSSConfig) -> Parts:
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     from_data = sizes_from_data(cfg.model, datamodule)
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
-    module = instantiate(cfg.model)
-    # ... also without the pretrained weights it was built from (a model folder drops those settings): the
-    # shape those weights gave (a Hugging Face model's config) goes into the config as plain values.
+    spec, adapter = split_adapter(cfg.model)  # model.adapter wraps the built model; it stays in the run's config
+    module = instantiate(spec)
+    _bind_to_weights(cfg, module, datamodule, state.is_main_process)
+    if adapter is not None:  # before the trainer prepares the module: its optimizer takes what still trains
+        from sss.models.adapter import apply_adapter
+
+        summary = apply_adapter(module, adapter)
+        if state.is_main_process:
+            print(summary.line(), flush=True)
+    return Parts(state=state, datamodule=datamodule, module=module, from_data=from_data)
+
+
+def _bind_to_weights(cfg: SSSConfig, module: Any, datamodule: Any, main: bool) -> None:
+    # What pretrained weights decide, once the module holding them is built:
+    # 1. the exported config must rebuild this model without those weights (a model folder drops every
+    #    pretrained-weight setting): the shape they gave (a Hugging Face model's config) goes in as plain values;
     export_settings = getattr(module, "export_settings", None)
     if callable(export_settings):
         cfg.model = {**cfg.model, **export_settings()}
-    return Parts(state=state, datamodule=datamodule, module=module, from_data=from_data)
+    # 2. the data decodes as the weights expect (a pretrained image encoder's mean/std/resize filter), and a
+    #    data.image_size that a fixed-size ViT's position table cannot take is refused here, before any step;
+    bound, use = getattr(module, "preprocessing", None), getattr(datamodule, "use_model_preprocessing", None)
+    if callable(bound) and callable(use):
+        use(bound())
+    # 3. the load report of each pretrained encoder: what was loaded, missing, unexpected, resized.
+    for part in ("image_encoder", "audio_encoder"):
+        report = getattr(getattr(module, part, None), "load_report", None)
+        if main and callable(getattr(report, "summary", None)):
+            print(f"sss: {report.summary()}", flush=True)
 
 
 def process_state(cfg: SSSConfig) -> Any:

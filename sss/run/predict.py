@@ -90,8 +90,10 @@ def predict(
 
 
 def _dataset(manifest: Path, prep: dict[str, Any], reading: dict[str, Any], skip_log: Path) -> Any:
-    # The manifest's rows, decoded as the model folder's preprocessing.json says (labels optional).
-    from sss.data.manifest import ManifestDataset
+    # The manifest's rows, decoded as the model folder's preprocessing.json says (labels optional): sizes and
+    # rates, and the image mean/std/filter the weights were bound to (a folder exported before those were
+    # recorded has none: ImageNet's, as it was trained with).
+    from sss.data.manifest import ImageNorm, ManifestDataset
 
     settings = {key: prep[key] for key in SETTINGS if key in prep}
     return ManifestDataset(
@@ -100,6 +102,7 @@ def _dataset(manifest: Path, prep: dict[str, Any], reading: dict[str, Any], skip
         classes=prep.get("classes"),
         require_label=False,
         skip_log=skip_log,
+        image_norm=ImageNorm.of(prep),
         **settings,
         **reading,
     )

@@ -83,11 +83,13 @@ def marker_meta(
     num_processes: int,
     config: dict[str, Any],
     resized: list[dict[str, int]],
+    finetune: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of a checkpoint's ``trainer_state.json`` (the manifest is added by `sss.checkpoint.write_marker`).
 
     `position` is ``(resume_epoch, resume_batch)``: where a resume continues. Every value has the type and range
-    the marker schema checks on load (`sss._marker`).
+    the marker schema checks on load (`sss._marker`). `finetune` is the freeze state of ``trainer.finetune``
+    (`sss.trainer.finetune.Finetuning.record`; None: nothing frozen), checked against the step on resume.
 
     Example:
         >>> meta = marker_meta(TrainState(global_step=3), (0, 3), [], 1, {}, [])
@@ -109,4 +111,5 @@ def marker_meta(
         "config_hash": ckpt_io.config_hash(config),
         "config": config,
         **({"resized_from": resized} if resized else {}),
+        **({"finetune": finetune} if finetune else {}),
     }

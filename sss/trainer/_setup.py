@@ -15,6 +15,7 @@ from sss.config import ConfigError, OptimConfig, TrainerConfig, instantiate, res
 from sss.config.instantiate import param_group_problems
 
 if TYPE_CHECKING:
+    from sss.trainer.finetune import Finetuning
     from sss.trainer.module import LitModule
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "build_optimizer",
     "count_total_steps",
     "fast_dev_config",
+    "optimizer_and_scheduler",
     "resolve_precision",
     "split_param_groups",
     "use_cpu",
@@ -197,14 +199,18 @@ def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:
     )
 
 
-def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+def build_optimizer(
+    optim: OptimConfig, module: LitModule, total_steps: int, finetuning: Finetuning | None = None
+) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer of ``trainer.optim`` over ``module.parameter_groups(weight_decay)``, and its scheduler (or None).
 
     The optimizer's ``weight_decay`` applies to the groups `LitModule.parameter_groups` decays;
     ``trainer.optim.param_groups`` splits those groups by parameter name (`split_param_groups`). The
     scheduler's ``_target_`` receives the optimizer and, when it accepts ``total_steps`` and the
     config does not set it, `total_steps`: the optimizer steps of the whole run (what a relative
-    schedule such as ``cosine_with_warmup(warmup_ratio=0.05)`` is a fraction of).
+    schedule such as ``cosine_with_warmup(warmup_ratio=0.05)`` is a fraction of). ``layer_decay`` and
+    ``head_lr_scale`` then split the groups by LR multiplier (`sss.trainer.finetune.scale_groups`), and
+    `finetuning` moves its frozen parameters to empty groups of their own (`Finetuning.hold_out`).
 
     Example:
         >>> from sss.testing import BoringModule
@@ -223,6 +229,8 @@ def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> 
         groups = split_param_groups(module, optim.param_groups, decay)
     else:  # exactly parameter_groups' groups, as before param_groups existed: bitwise the same training
         groups = module.parameter_groups(decay)
+    if optim.layer_decay is not None or optim.head_lr_scale != 1.0 or (finetuning and finetuning.frozen):
+        groups = _finetune_groups(optim, module, groups, finetuning)
     optimizer = instantiate(spec, groups)
     if optim.scheduler is None:
         return optimizer, None
@@ -231,6 +239,52 @@ def build_optimizer(optim: OptimConfig, module: LitModule, total_steps: int) -> 
     if "total_steps" in inspect.signature(target).parameters and "total_steps" not in optim.scheduler:
         extra["total_steps"] = total_steps
     return optimizer, instantiate(dict(optim.scheduler), optimizer, **extra)
+
+
+def _finetune_groups(
+    optim: OptimConfig, module: LitModule, groups: list[dict[str, Any]], finetuning: Finetuning | None
+) -> list[dict[str, Any]]:
+    from sss.trainer.finetune import scale_groups
+
+    spec = optim.optimizer
+    lr = spec.get("lr", inspect.signature(resolve_target(spec["_target_"])).parameters["lr"].default)
+    if optim.layer_decay is not None or optim.head_lr_scale != 1.0:
+        groups = scale_groups(module, groups, optim, float(lr))  # after the rules' lr: the scales multiply it
+    return finetuning.hold_out(module, groups, float(lr)) if finetuning and finetuning.frozen else groups
+
+
+def optimizer_and_scheduler(
+    cfg: TrainerConfig, module: LitModule, total_steps: int, finetuning: Finetuning
+) -> tuple[Any, Any]:
+    """The fit's optimizer and scheduler: ``module.configure_optimizers()``, else `build_optimizer`.
+
+    Settings the trainer applies to its own optimizer only (``optim.param_groups``, ``layer_decay``,
+    ``head_lr_scale``, ``finetune.freeze``) are an error beside a module that builds its own.
+
+    Example:
+        >>> from sss.config import FinetuneConfig
+        >>> from sss.testing import BoringModule
+        >>> from sss.trainer.finetune import Finetuning
+        >>> module = BoringModule()
+        >>> plan = Finetuning(module, FinetuneConfig())
+        >>> optimizer, scheduler = optimizer_and_scheduler(TrainerConfig(), module, 10, plan)
+        >>> type(optimizer).__name__, scheduler
+        ('AdamW', None)
+    """
+    configured = module.configure_optimizers()  # None: trainer.optim over module.parameter_groups
+    if configured is None:
+        configured = build_optimizer(cfg.optim, module, total_steps, finetuning)
+    else:
+        optim = cfg.optim
+        keys = [("optim.param_groups", optim.param_groups), ("optim.layer_decay", optim.layer_decay is not None)]
+        keys += [("optim.head_lr_scale", optim.head_lr_scale != 1.0), ("finetune.freeze", finetuning.frozen)]
+        given = [key for key, value in keys if value]
+        if given:
+            raise ConfigError(
+                f"trainer.{given[0]} is set but {type(module).__name__}.configure_optimizers builds its own "
+                "optimizer, which would ignore it: remove one of the two"
+            )
+    return configured if isinstance(configured, tuple) else (configured, None)
 
 
 def split_param_groups(module: LitModule, rules: list[dict[str, Any]], weight_decay: float) -> list[dict[str, Any]]:

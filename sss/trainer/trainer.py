@@ -26,6 +26,7 @@ from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss, zeroed
+from sss.trainer._compile import compile_module
 from sss.trainer._dispatch import EMPTY as EMPTY_DISPATCH
 from sss.trainer._dispatch import DispatchTable
 from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_batches, sanity_note
@@ -35,14 +36,15 @@ from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
 from sss.trainer._resume import check_resumable, marker_meta, restore_rng_and_position
 from sss.trainer._setup import (
     build_accelerator,
-    build_optimizer,
     count_total_steps,
     fast_dev_config,
+    optimizer_and_scheduler,
     resolve_precision,
     use_cpu,
     with_overrides,
 )
 from sss.trainer._stop import EvaluationStopped, StopRequest
+from sss.trainer.finetune import Finetuning, rewrap
 from sss.trainer.module import LitModule, compute_metrics
 from sss.trainer.state import TrainState
 
@@ -150,6 +152,7 @@ class SSSTrainer:
         self._dispatch = EMPTY_DISPATCH  # event -> the callbacks' methods that override it (built in _fire)
         self._resize_history: tuple[TrainState | None, list[dict[str, int]]] = (None, [])
         """The process-count changes since step 0 (trainer.resume_resize), kept with the state they belong to."""
+        self._finetune = Finetuning()  # trainer.finetune: the held-out parameters of this fit (at set-up)
 
     @property
     def output_dir(self) -> Path:
@@ -238,6 +241,8 @@ class SSSTrainer:
     def _train_step(self, batch: Any, batch_idx: int) -> None:
         state, accelerator = self.state, self.accelerator
         step = state.global_step
+        if not state.micro_step and self._finetune.due(step):  # a window's start: its micro-batches train alike
+            self._bind(self._finetune.unfreeze(self.optimizer, self.module, self.accelerator, self.model), False)
         self._fire(Event.BATCH_START)
         with compat.accumulate(accelerator, self.model):  # accelerator.accumulate(self.model), less window-1 no-ops
             if not self._batch_checked:  # the batch contract (sss.data.contract), on the fit's first batch only
@@ -529,6 +534,8 @@ class SSSTrainer:
         path, meta = ckpt_io.verify_for_resume(path)  # a VerifiedCheckpoint (run_fit's) is not checked again
         check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record())
         ckpt_io.check_no_code_on_load(path)
+        if self._finetune.restore(meta, self.optimizer, self.module):  # before the optimizer state (Lightning #21901)
+            self._bind(rewrap(self.accelerator, self.model))
         self.accelerator.load_state(str(path))
         state = self.state
         state.global_step, state.skipped_steps = meta["global_step"], meta["skipped_steps"]
@@ -562,7 +569,8 @@ class SSSTrainer:
             position = (state.epoch + (not self._epoch_counted), 0)
         callbacks = [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks]
         resized = resized if kept_state is state else []
-        return marker_meta(state, position, callbacks, self.accelerator.num_processes, self._config_record(), resized)
+        record, finetune = self._config_record(), self._finetune.record()
+        return marker_meta(state, position, callbacks, self.accelerator.num_processes, record, resized, finetune)
 
     # ------------------------------------------------------------------ set-up
     def _setup_fit(self, module: LitModule, datamodule: Any, train: Any, val: Any) -> tuple[Any, Any]:
@@ -582,31 +590,28 @@ class SSSTrainer:
         val = self.accelerator.prepare(val) if val is not None else None
         self.total_steps = count_total_steps(train, self.config, self.accelerator.gradient_accumulation_steps)
         own_buffer_storage(module)
-        if self.config.compile:
-            module.compile()  # in place: the state dict keeps its names, so checkpoints stay portable
-        configured = module.configure_optimizers()  # None: trainer.optim over module.parameter_groups
-        if configured is None:
-            configured = build_optimizer(self.config.optim, module, self.total_steps)
-        elif self.config.optim.param_groups:
-            raise ConfigError(
-                f"trainer.optim.param_groups is set but {type(module).__name__}.configure_optimizers builds its own "
-                "optimizer, which would ignore it: remove one of the two"
-            )
-        optimizer, self.scheduler = configured if isinstance(configured, tuple) else (configured, None)
-        router = _StepRouter(module)
-        self.model, self.optimizer = self.accelerator.prepare(router, optimizer)
-        self._train_call = router.caller(self.model)
+        if self.config.compile:  # in place (whole or per block): the state dict keeps its names, checkpoints portable
+            compile_module(module, self.config.compile)
+        self._finetune = Finetuning(module, self.config.finetune, self.config.fsdp, self.config.deepspeed)
+        optimizer, self.scheduler = optimizer_and_scheduler(self.config, module, self.total_steps, self._finetune)
+        self.model, self.optimizer = self.accelerator.prepare(_StepRouter(module), optimizer)
         compat.backward_without_unit_division(self.accelerator)  # after prepare: an engine taking backward is known
         self.module = module
         if self.scheduler is not None:
             self.accelerator.register_for_checkpointing(self.scheduler)
         self.state, self._grads_checked, self._batch_checked = TrainState(), False, False
+        self._bind(self.model)
+        self._finetune.announce(self.accelerator, self.optimizer, self.config.optim)  # the group table, when LRs differ
+        return train, val
+
+    def _bind(self, model: nn.Module, checked: bool = True) -> None:  # the prepared router every step calls
+        self.model, self._grads_checked = model, self._grads_checked and checked  # a new trainable set: check again
+        self._train_call = self.accelerator.unwrap_model(model, keep_torch_compile=True).caller(model)
         self._run_batch = (  # chosen once: the step calls it for every micro-batch
-            SplittingRunner(self.accelerator, self.model, module, self.optimizer, self.state)
+            SplittingRunner(self.accelerator, model, self.module, self.optimizer, self.state)
             if self.config.auto_batch_size
             else self._forward_backward
         )
-        return train, val
 
     def _eval_loader(self, module: LitModule, datamodule: Any, loader: Any, stage: str) -> Any:
         if datamodule is not None:
@@ -630,12 +635,8 @@ class SSSTrainer:
         return self.config.max_steps is not None and self.state.global_step >= self.config.max_steps
 
     def _should_finish(self) -> bool:
-        cfg, state = self.config, self.state
-        return (
-            state.should_stop
-            or self._max_steps_reached()
-            or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
-        )
+        epochs, state = self.config.max_epochs, self.state
+        return state.should_stop or self._max_steps_reached() or (epochs is not None and state.epoch >= epochs)
 
     def _fire(self, event: Event) -> None:
         # Only the callbacks that override the event's method run (sss/trainer/_dispatch.py); the table is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from sss.models.base import TokenEncoder
 from sss.models.registry import EncoderSettings, register_encoder
 
-__all__ = ["TimmImageEncoder", "timm_encoder"]
+__all__ = ["TimmImageEncoder", "bound_preprocessing", "timm_encoder"]
 
 
 class TimmImageEncoder(TokenEncoder):
@@ -34,6 +35,8 @@ class TimmImageEncoder(TokenEncoder):
             small CNNs on CPU with oneDNN, and for AMP on GPU).
         model_kwargs: Extra keyword arguments for ``timm.create_model`` (e.g. ``{"channels":
             [16, 32, 64, 128], "stem_width": 16}`` for a narrow ResNet, ``{"drop_path_rate": 0.1}``).
+        strict: Refuse a local weights file that fills fewer than all of the backbone's tensors
+            (``model.image_strict``); False loads what fits and reports the rest as missing.
         checkpointing: What `set_grad_checkpointing` recomputes. ``"backbone"``: the whole
             ``forward_features`` as one segment (only the image is kept; one extra forward in
             backward). Small CNNs keep most of their activations in the stem, which timm's own
@@ -45,6 +48,12 @@ class TimmImageEncoder(TokenEncoder):
         ValueError: Unknown timm model name.
         FileNotFoundError: ``pretrained`` is a path that does not exist.
         RuntimeError: Pretrained weights could not be loaded (offline, or a file that does not fit).
+
+    With weights (``pretrained`` True or a file) the input preparation they were trained with is bound to
+    them: `preprocessing` returns timm's pretrained config of the weights (mean, std, interpolation, input
+    size), which the data side decodes with. A local file's config is the ``pretrained_cfg`` block of a
+    ``config.json`` beside it (timm's Hugging Face Hub layout) when there is one, else timm's default
+    config for ``name``; the load line printed at build time says which.
 
     Example:
         >>> import torch
@@ -64,10 +73,12 @@ class TimmImageEncoder(TokenEncoder):
         channels_last: bool = False,
         model_kwargs: dict[str, Any] | None = None,
         checkpointing: str = "backbone",
+        strict: bool = True,
     ) -> None:
         if checkpointing not in ("backbone", "stages"):
             raise ValueError(f"checkpointing must be 'backbone' or 'stages', got {checkpointing!r}")
-        model = _create_timm(name, pretrained, {"num_classes": 0, "global_pool": "", **(model_kwargs or {})})
+        kwargs = {"num_classes": 0, "global_pool": "", **(model_kwargs or {})}
+        model, self._preprocessing = _create_timm(name, pretrained, kwargs, strict)
         width = int(model.num_features)
         super().__init__(output_dim=dim if dim is not None else width)
         self.name = name
@@ -84,6 +95,20 @@ class TimmImageEncoder(TokenEncoder):
         if isinstance(self.proj, nn.Linear):
             nn.init.xavier_uniform_(self.proj.weight)
             nn.init.zeros_(self.proj.bias)
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The input preparation bound to the loaded weights; ``{}`` for random init (the data's defaults apply).
+
+        Keys: ``image_mean`` / ``image_std`` (of [0, 1] pixels), ``image_interpolation`` (the resize filter),
+        ``image_input_size`` (``[C, H, W]`` the weights were trained at), ``image_weights`` (``timm:NAME.TAG``,
+        never a path) and, for a backbone that takes one fixed size only (a ViT with a fixed position table),
+        ``image_size``, which the data's ``data.image_size`` must equal.
+
+        Example:
+            >>> TimmImageEncoder("test_resnet", dim=8).preprocessing()
+            {}
+        """
+        return dict(self._preprocessing)
 
     def encode(self, x: Tensor) -> Tensor:
         """Image ``[B, 3, H, W]`` to tokens ``[B, N, output_dim]``.
@@ -168,22 +193,28 @@ class TimmImageEncoder(TokenEncoder):
         self.model.set_grad_checkpointing(enabled and self.checkpointing == "stages")
 
 
-def _create_timm(name: str, pretrained: bool | str | os.PathLike[str], kwargs: dict[str, Any]) -> nn.Module:
+def _create_timm(
+    name: str, pretrained: bool | str | os.PathLike[str], kwargs: dict[str, Any], strict: bool = True
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The timm model and the preprocessing its weights are bound to (``{}`` for random init)."""
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown timm model {name!r}.{hint} See timm.list_models() for the names.")
     if pretrained is False or pretrained is None or pretrained == "":
-        return timm.create_model(name, pretrained=False, **kwargs)
+        return timm.create_model(name, pretrained=False, **kwargs), {}
     if pretrained is True:
         try:
-            return timm.create_model(name, pretrained=True, **kwargs)
+            model = timm.create_model(name, pretrained=True, **kwargs)
         except Exception as err:  # hub/URL errors come in many types (OSError, HTTP, offline-mode...)
             raise RuntimeError(
                 f"could not download pretrained weights for timm model {name!r} ({type(err).__name__}: {err}). "
                 "Without network access, pass a local .safetensors path instead of True "
                 "(e.g. image_pretrained: /path/to/model.safetensors in YAML) or pretrained=false for random init."
             ) from err
+        prep = bound_preprocessing(model, dict(model.pretrained_cfg))
+        _say(f"image encoder timm {name!r}: timm's pretrained weights; preprocessing from their config: {_shown(prep)}")
+        return model, prep
     path = Path(pretrained).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"pretrained weights file not found: {str(path)!r} (timm model {name!r})")
@@ -193,20 +224,107 @@ def _create_timm(name: str, pretrained: bool | str | os.PathLike[str], kwargs: d
         model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs)
     except Exception as err:
         raise RuntimeError(f"could not load {str(path)!r} into timm model {name!r}: {err}") from err
-    _check_covered(model, path, name)
-    return model
+    report = _load_report(model, path, name, strict)
+    cfg, source = _file_config(model, path, name)
+    prep = bound_preprocessing(model, cfg)
+    _say(f"image encoder timm {name!r} from {path.name}: {report}; preprocessing from {source}: {_shown(prep)}")
+    return model, prep
 
 
-def _check_covered(model: nn.Module, path: Path, name: str) -> None:
+def _load_report(model: nn.Module, path: Path, name: str, strict: bool) -> str:
+    """Compare the file's tensors with the model's: loaded / missing / unexpected / resized (timm's filters)."""
     # timm loads non-strictly once the classifier is dropped, so a file of another architecture
-    # would load *nothing* without a word: require every backbone tensor to be in the file.
-    found = set(timm.models.load_state_dict(str(path)))
-    missing = [key for key in model.state_dict() if key not in found and not key.endswith("num_batches_tracked")]
-    if missing:
+    # would load *nothing* without a word: every backbone tensor must be in the file unless the
+    # user said model.image_strict=false, and a file that fills none is refused even then.
+    found = _weights_only(timm.models.load_state_dict(str(path)))
+    own = _weights_only(model.state_dict())
+    missing = [key for key in own if key not in found]
+    unexpected = [key for key in found if key not in own]
+    resized = [key for key in own if key in found and tuple(found[key].shape) != tuple(own[key].shape)]
+    loaded = len(own) - len(missing)
+    if missing and (strict or loaded == 0):
+        hint = " (model.image_strict=false accepts a partial load)" if loaded and strict else ""
         raise RuntimeError(
-            f"{str(path)!r} does not fit timm model {name!r}: {len(missing)} of the model's tensors are missing "
-            f"from it (e.g. {', '.join(missing[:3])}). Was it saved from another architecture or other model_kwargs?"
+            f"{str(path)!r} does not fit timm model {name!r}: {len(missing)} of the model's {len(own)} tensors are "
+            f"missing from it (e.g. {', '.join(missing[:3])}){hint}. Was it saved from another architecture or "
+            "other model_kwargs?"
         )
+    report = f"{loaded} of {len(own)} tensors loaded, {len(missing)} missing, {len(unexpected)} unexpected"
+    report += f" (e.g. {', '.join(unexpected[:2])})" if unexpected else ""
+    report += f", {len(resized)} resized by timm ({', '.join(resized[:3])})" if resized else ", 0 resized"
+    return report + (f"; missing, left at random init: {', '.join(missing[:3])}" if missing else "")
+
+
+def _weights_only(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}  # BN step counters
+
+
+def _file_config(model: nn.Module, path: Path, name: str) -> tuple[dict[str, Any], str]:
+    """A local file's pretrained config: a ``config.json`` beside it with a ``pretrained_cfg`` block wins over
+    timm's default config for ``name`` (the Hub's timm layout writes exactly that file next to the weights)."""
+    beside = path.parent / "config.json"
+    default = dict(model.pretrained_cfg)
+    if not beside.is_file():
+        return default, f"timm's default config for {name!r} (no config.json beside the weights)"
+    try:
+        data = json.loads(beside.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        raise RuntimeError(f"{beside}: not readable JSON ({err}); fix it or remove it to use timm's defaults") from None
+    block = data.get("pretrained_cfg") if isinstance(data, dict) else None
+    if not isinstance(block, dict):
+        return default, f"timm's default config for {name!r} (config.json beside the weights has no pretrained_cfg)"
+    arch = data.get("architecture")
+    return {**default, **block, "architecture": arch or name}, "config.json beside the weights"
+
+
+def bound_preprocessing(model: nn.Module, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``preprocessing()`` keys of a timm model with loaded weights, from their pretrained config `cfg`.
+
+    Example:
+        >>> model = timm.create_model("test_resnet", num_classes=0)
+        >>> prep = bound_preprocessing(model, dict(model.pretrained_cfg))
+        >>> prep["image_mean"], prep["image_interpolation"], prep["image_weights"]
+        ([0.5, 0.5, 0.5], 'bilinear', 'timm:test_resnet.r160_in1k')
+    """
+    resolved = timm.data.resolve_data_config(pretrained_cfg=cfg)
+    mean, std = (list(map(float, resolved[k])) for k in ("mean", "std"))
+    tag = cfg.get("tag")
+    prep: dict[str, Any] = {
+        "image_mean": mean * 3 if len(mean) == 1 else mean,  # a one-value config (grey models) is per channel
+        "image_std": std * 3 if len(std) == 1 else std,
+        "image_interpolation": str(resolved.get("interpolation") or "bilinear"),
+        "image_input_size": [int(v) for v in resolved["input_size"]],
+        "image_weights": f"timm:{cfg.get('architecture')}" + (f".{tag}" if tag else ""),
+    }
+    fixed = _fixed_size(model)
+    if fixed is not None:
+        prep["image_size"] = fixed
+    return prep
+
+
+def _fixed_size(model: nn.Module) -> int | list[int] | None:
+    # A ViT built with strict_img_size and no dynamic_img_size refuses any other input size (its
+    # position table has one grid): the data must decode to exactly this size.
+    embed = getattr(model, "patch_embed", None)
+    size = getattr(embed, "img_size", None)
+    if size is None or not getattr(embed, "strict_img_size", False) or getattr(model, "dynamic_img_size", False):
+        return None
+    h, w = int(size[0]), int(size[1])
+    return h if h == w else [h, w]
+
+
+def _shown(prep: dict[str, Any]) -> str:
+    size = prep.get("image_size")
+    fixed = f", fixed input size {size}" if size is not None else ""
+    return (
+        f"mean {prep['image_mean']}, std {prep['image_std']}, interpolation {prep['image_interpolation']}"
+        f", trained at {'x'.join(map(str, prep['image_input_size'][1:]))}{fixed}"
+    )
+
+
+def _say(line: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:  # every process builds the model; one line is enough
+        print(f"sss: {line}", flush=True)
 
 
 @register_encoder("image", "timm")
@@ -224,4 +342,5 @@ def timm_encoder(settings: EncoderSettings) -> TimmImageEncoder:
         channels_last=settings.channels_last,
         model_kwargs=dict(settings.kwargs),
         checkpointing=settings.checkpointing,
+        strict=settings.strict,
     )
