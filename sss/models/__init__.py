@@ -21,6 +21,7 @@ from sss.models.fusion.late import LateFusion
 from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
 from sss.models.hunter import HunterModule, hunter_base, hunter_small, hunter_tiny
 from sss.models.image.timm_encoder import TimmImageEncoder
+from sss.models.loading import LoadReport
 from sss.models.registry import (
     create_model,
     list_encoders,
@@ -41,6 +42,7 @@ __all__ = [
     "HFAudioEncoder",
     "HunterModule",
     "LateFusion",
+    "LoadReport",
     "LogMelFrontend",
     "MaskHead",
     "PannsEncoder",

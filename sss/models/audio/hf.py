@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,10 @@ from torch import Tensor, nn
 from sss.config.errors import ConfigError
 from sss.models.audio.hf_frontend import HFFrontend, frontend_for
 from sss.models.base import TokenEncoder
+from sss.models.loading import LoadReport
 from sss.models.registry import EncoderSettings, register_encoder
 
-__all__ = ["FAMILIES", "HFAudioEncoder", "LoadReport", "hf_encoder", "hf_setting_problems", "load_hf_weights"]
+__all__ = ["FAMILIES", "HFAudioEncoder", "hf_encoder", "hf_setting_problems", "load_hf_weights"]
 
 _LOG = logging.getLogger(__name__)
 EXTRA = "pip install 'shadow-sound-hunter[hf]'"
@@ -63,33 +64,6 @@ FAMILIES: dict[str, _Family] = {
 _DROPPED_CONFIG = ("_name_or_path", "auto_map", "transformers_version", "architectures", "dtype", "torch_dtype")
 _DROPPED_CONFIG += ("id2label", "label2id", "mel_filters", "mel_filters_slaney", "window")  # unused, and 527+ values
 _FILE_WORDS = ("path", "file", "filename", "dir", "url", "uri")
-
-
-@dataclass
-class LoadReport:
-    """What a checkpoint filled in the encoder: tensor names loaded, missing, unexpected, resized, unused.
-
-    ``unused`` are the checkpoint's parts sss leaves out on purpose (a classifier head, Whisper's decoder, CLAP's
-    text tower); ``resized`` the tensors cut to fit (AST's position table for ``max_frames``).
-    """
-
-    source: dict[str, Any]
-    loaded: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    resized: list[str] = field(default_factory=list)
-    unused: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        """One line for the fit-start output.
-
-        Example:
-            >>> LoadReport({"model_type": "wav2vec2", "file": "model.safetensors"}, loaded=["a"]).summary()
-            'audio hf (wav2vec2) from model.safetensors: 1 tensors loaded, 0 missing, 0 unexpected, 0 resized, 0 unused'
-        """
-        counts = ", ".join(f"{len(getattr(self, k))} {k}" for k in ("missing", "unexpected", "resized", "unused"))
-        head = f"audio hf ({self.source['model_type']}) from {self.source['file']}: {len(self.loaded)} tensors loaded"
-        return f"{head}, {counts}"
 
 
 class HFAudioEncoder(TokenEncoder):
@@ -399,14 +373,14 @@ def load_hf_weights(encoder: HFAudioEncoder, folder: str | os.PathLike[str], str
         >>> _tower_class(config.model_type)(config).save_pretrained(folder)
         >>> encoder = HFAudioEncoder(config.to_dict(), {"num_mel_bins": 32, "max_length": 40}, dim=8)
         >>> load_hf_weights(encoder, folder).summary()
-        'audio hf (audio-spectrogram-transformer) from model.safetensors: 23 tensors loaded, 0 missing, ...'
+        'audio hf (audio-spectrogram-transformer) from model.safetensors: 23 tensors loaded, 0 missing, 0 unexpected'
     """
     files = _weight_files(Path(folder))
     state: dict[str, Tensor] = {}
     for file in files:
         state.update(_read_safetensors(file))
     source = {"file": files[0].name if len(files) == 1 else f"{len(files)} shards", "sha256": _sha256(files)}
-    report = LoadReport({"model_type": encoder.model_type, **source})
+    report = LoadReport(f"audio hf ({encoder.model_type})", {"model_type": encoder.model_type, **source})
     own = encoder.tower.state_dict()
     fits = _match(encoder, state, own, report)
     report.missing = sorted(k for k in own if k not in fits)

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sss.config.errors import ConfigError
 from sss.models.base import TokenEncoder
+from sss.models.loading import LoadReport
 from sss.models.registry import EncoderSettings, register_encoder
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "PannsConvBlock",
     "PannsEncoder",
     "PannsFrontend",
-    "PannsLoadReport",
     "cnn6_encoder",
     "cnn10_encoder",
     "cnn14_encoder",
@@ -233,7 +232,7 @@ class PannsEncoder(TokenEncoder):
         self.fc1 = nn.Linear(widths[-1], widths[-1])
         self.proj = nn.Linear(widths[-1], dim)  # sss's own: trained from scratch, never in a PANNs file
         self.masks = _masks(freq_mask, time_mask)
-        self.load_report: PannsLoadReport | None = None
+        self.load_report: LoadReport | None = None
 
     @property
     def blocks(self) -> list[PannsConvBlock]:
@@ -296,38 +295,7 @@ def _masks(freq_mask: int, time_mask: int) -> list[nn.Module]:
     return masks
 
 
-@dataclass
-class PannsLoadReport:
-    """What a converted file filled in a `PannsEncoder`: tensor names loaded, missing, unexpected, of another shape.
-
-    ``unused``: the file's AudioSet classifier ``fc_audioset.*``, left out on purpose; ``new``: ``proj``, sss's own.
-    """
-
-    arch: str
-    source: dict[str, Any]
-    loaded: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    mismatched: list[str] = field(default_factory=list)
-    unused: list[str] = field(default_factory=list)
-    new: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        """One line for the fit-start output.
-
-        Example:
-            >>> report = PannsLoadReport("cnn6", {"file": "w.safetensors"}, ["bn0.weight"], unused=["fc_audioset.bias"])
-            >>> report.summary()
-            'audio cnn6 from w.safetensors: 1 tensors loaded, 0 missing, 0 unexpected, 0 of another shape, 1 unused ...'
-        """
-        counts = (
-            f"{len(self.missing)} missing, {len(self.unexpected)} unexpected, {len(self.mismatched)} of another shape"
-        )
-        rest = f"{len(self.unused)} unused (fc_audioset: the AudioSet classifier), {len(self.new)} new (proj)"
-        return f"audio {self.arch} from {self.source['file']}: {len(self.loaded)} tensors loaded, {counts}, {rest}"
-
-
-def load_panns(encoder: PannsEncoder, path: str | os.PathLike[str], strict: bool = True) -> PannsLoadReport:
+def load_panns(encoder: PannsEncoder, path: str | os.PathLike[str], strict: bool = True) -> LoadReport:
     """Load a ``sss convert panns`` file into `encoder`; return the load report (also ``encoder.load_report``).
 
     Every PANNs tensor of the encoder (``bn0``, ``conv_block*``, ``fc1``) must be in the file with its shape:
@@ -352,8 +320,8 @@ def load_panns(encoder: PannsEncoder, path: str | os.PathLike[str], strict: bool
     own = {k: v for k, v in encoder.state_dict().items() if not k.startswith("proj.")}
     fits = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape)}
     unused = sorted(k for k in state if k.startswith(DROPPED))
-    report = PannsLoadReport(
-        encoder.arch,
+    report = LoadReport(
+        f"audio {encoder.arch}",
         {"file": Path(path).name, "sha256": meta.get("source_sha256", "")},
         loaded=list(fits),
         missing=[k for k in own if k not in fits and not k.endswith("num_batches_tracked")],
@@ -363,20 +331,20 @@ def load_panns(encoder: PannsEncoder, path: str | os.PathLike[str], strict: bool
         new=[k for k in encoder.state_dict() if k.startswith("proj.")],
     )
     if strict and (report.missing or report.unexpected):
-        raise ConfigError(_partial_message(path, report, len(own)))
+        raise ConfigError(_partial_message(path, encoder.arch, report, len(own)))
     encoder.load_state_dict(fits, strict=False)
     encoder.load_report = report
     _LOG.info("%s", report.summary())
     return report
 
 
-def _partial_message(path: Any, report: PannsLoadReport, total: int) -> str:
+def _partial_message(path: Any, arch: str, report: LoadReport, total: int) -> str:
     missing, unexpected, shape = report.missing, report.unexpected, report.mismatched
     parts = [f"{len(report.loaded)} of {total} tensors loaded", f"{len(missing)} missing{_eg(missing)}"]
     parts += [f"{len(shape)} of another shape{_eg(shape)} (model.audio_kwargs.widths?)"] if shape else []
     parts += [f"{len(unexpected)} unexpected{_eg(unexpected)}"]
     return (
-        f"model.audio_pretrained={path} fits model.audio_encoder={report.arch} only in part: {', '.join(parts)}: "
+        f"model.audio_pretrained={path} fits model.audio_encoder={arch} only in part: {', '.join(parts)}: "
         "another architecture? model.audio_strict=false trains the missing ones from scratch"
     )
 
