@@ -183,3 +183,27 @@ def test_kill9_then_auto_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ from the straight run"
     results = json.loads((killed / "runs" / "auto" / "results.json").read_text())
     assert results["global_step"] == 12 and results["num_processes"] == nproc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unfreeze", [3, 4, 5], ids=["after", "at", "before"])  # vs the checkpoint of step 4
+def test_kill9_then_auto_resume_across_an_unfreeze_is_bitwise_the_straight_run(tmp_path, unfreeze):
+    # A backbone re-frozen (or never frozen) after a resume trains other weights (Lightning #21901).
+    words = [
+        "trainer.finetune.freeze=[audio_encoder]",
+        f"trainer.finetune.unfreeze_at_step={unfreeze}",
+        "trainer.optim.layer_decay=0.75",
+    ]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    _finish(straight, 1, *words)
+    proc = _start(killed, 1, *words, 'callbacks=[{_target_: fit_pause.Pause, at: "1:2"}]')
+    deadline = time.monotonic() + 180
+    while not (killed / "runs" / "auto" / "paused").exists():
+        assert proc.poll() is None, _output(killed)[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach the pause"
+        time.sleep(0.02)
+    _kill9(proc)
+    assert complete_checkpoints(killed / "runs" / "auto" / "checkpoints")[-1].name == "step_0000004"
+    assert "runs/auto/checkpoints/step_0000004" in _finish(killed, 1, *words)
+    a, b = _weights(killed), _weights(straight)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ from the straight run"
