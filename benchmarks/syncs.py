@@ -22,7 +22,7 @@ from collections.abc import Callable
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from sss import Callback, SSSTrainer
 from sss.callbacks import (
@@ -39,22 +39,9 @@ from sss.callbacks import (
 )
 from sss.callbacks.stock import add_stock_callbacks
 from sss.models import create_model
-from sss.testing import HostSyncs, count_host_syncs
+from sss.testing import HostSyncs, RandomClips, count_host_syncs
 
 EVERY = 10
-
-
-class Clips(Dataset):
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.image, self.audio = torch.randn(n, 3, 64, 64, generator=g), torch.randn(n, 1, 8000, generator=g) * 0.1
-        self.label = torch.randint(0, 4, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i]}
 
 
 class StepLabel(Callback):
@@ -106,8 +93,8 @@ def run(callbacks: list[Callback], steps: int, stock: bool = False) -> tuple[Hos
         start = time.perf_counter()
         trainer.fit(
             create_model("hunter_tiny", num_classes=4),
-            train_dataloaders=DataLoader(Clips(steps * 2), batch_size=2),
-            val_dataloaders=DataLoader(Clips(2), batch_size=2),
+            train_dataloaders=DataLoader(RandomClips(steps * 2), batch_size=2),
+            val_dataloaders=DataLoader(RandomClips(2), batch_size=2),
         )
     return syncs, time.perf_counter() - start
 

@@ -34,6 +34,7 @@ __all__ = [
     "EventRecorder",
     "HostSync",
     "HostSyncs",
+    "RandomClips",
     "boring_loader",
     "count_host_syncs",
     "subprocess_env",
@@ -92,6 +93,26 @@ class BoringDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i], "index": i}
+
+
+class RandomClips(torch.utils.data.Dataset):
+    """`n` random clips at the hunter models' input sizes: 64x64 images, 16 kHz audio, one of 4 labels.
+
+    Example:
+        >>> {key: tuple(value.shape) for key, value in RandomClips(2, samples=8000)[0].items()}
+        {'image': (3, 64, 64), 'audio': (1, 8000), 'label': ()}
+    """
+
+    def __init__(self, n: int, samples: int = 8000) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.image, self.audio = torch.randn(n, 3, 64, 64, generator=g), torch.randn(n, 1, samples, generator=g) * 0.1
+        self.label = torch.randint(0, 4, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i]}
 
 
 def boring_loader(

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sss.callbacks.ema import exported_weights
-from sss.models.adapter import plain_export
 
 if TYPE_CHECKING:
     from sss.config import SSSConfig
@@ -60,6 +59,8 @@ def export_run_model(
 
         cfg = load_config(stored)
     # LoRA adapters (model.adapter) are merged: the folder holds plain weights and a config without the adapter.
+    from sss.models.adapter import plain_export  # here: importing sss.models loads torchmetrics and matplotlib
+
     module, cfg, weights, note = plain_export(module, cfg, weights, note)
     if cfg is None:
         return _weights_alone(module, weights, folder)

@@ -97,7 +97,7 @@ class Finetuning:
         self.config = config = config or FinetuneConfig()
         self.frozen: list[str] = _resolve(module, config.freeze) if module is not None and config.freeze else []
         if self.frozen and fsdp is not None and fsdp.get("fsdp_version", 2) == 1:
-            # FSDP1 flattens a wrapped unit's parameters into one tensor that needs one requires_grad (PITFALLS E)
+            # FSDP1 flattens a wrapped unit's parameters into one tensor with one requires_grad; FSDP2 shards each one
             raise ConfigError(
                 "trainer.finetune.freeze needs FSDP2 under trainer.fsdp: FSDP1 cannot shard frozen and trainable "
                 "parameters together; set trainer.fsdp.fsdp_version=2 (the default)"

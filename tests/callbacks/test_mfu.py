@@ -8,29 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from sss import Callback, SSSTrainer
 from sss.callbacks import ModelSummary, Throughput
 from sss.callbacks.model_summary import training_flops
 from sss.callbacks.throughput import _device_peak, peak_flops
 from sss.models import create_model
-from sss.testing import count_host_syncs
-
-
-class Clips(Dataset):
-    """Random 64x64 images and 1 s of 16 kHz audio: the sizes ModelSummary measures without a datamodule."""
-
-    def __init__(self, n: int, samples: int = 16000) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.image, self.audio = torch.randn(n, 3, 64, 64, generator=g), torch.randn(n, 1, samples, generator=g) * 0.1
-        self.label = torch.randint(0, 4, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i]}
+from sss.testing import RandomClips, count_host_syncs
 
 
 class Broken(ModelSummary):
@@ -55,7 +40,7 @@ def _fit(callbacks, steps=4, every=1000, model=None, n=16):
         log={"every_n_steps": every, "progress": False, "trackers": []},
         checkpoint={"every_epoch": False},
     )
-    trainer.fit(model, train_dataloaders=DataLoader(Clips(n), batch_size=2))
+    trainer.fit(model, train_dataloaders=DataLoader(RandomClips(n, samples=16000), batch_size=2))
     return trainer, model
 
 

@@ -136,6 +136,17 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _kill9_at_pause(cwd: Path, nproc: int, pause: str, *words: str) -> None:
+    # The run pauses at "epoch:batch" (fit_pause.Pause writes runs/auto/paused), then every process is killed.
+    proc = _start(cwd, nproc, *words, f'callbacks=[{{_target_: fit_pause.Pause, at: "{pause}"}}]')
+    deadline = time.monotonic() + 180
+    while not (cwd / "runs" / "auto" / "paused").exists():
+        assert proc.poll() is None, _output(cwd)[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach the pause"
+        time.sleep(0.02)
+    _kill9(proc)
+
+
 def _kill9(proc: subprocess.Popen) -> None:
     # torchrun starts each worker in a session of its own: the launcher's group alone would leave them running
     workers = _descendants(proc.pid)
@@ -168,13 +179,7 @@ def _weights(cwd: Path) -> dict[str, torch.Tensor]:
 def test_kill9_then_auto_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, nproc, pause):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert "starting a fresh run" in _finish(straight, nproc)
-    proc = _start(killed, nproc, f'callbacks=[{{_target_: fit_pause.Pause, at: "{pause}"}}]')
-    deadline = time.monotonic() + 180
-    while not (killed / "runs" / "auto" / "paused").exists():
-        assert proc.poll() is None, _output(killed)[-3000:]
-        assert time.monotonic() < deadline, "the run did not reach the pause"
-        time.sleep(0.02)
-    _kill9(proc)
+    _kill9_at_pause(killed, nproc, pause)
     assert complete_checkpoints(killed / "runs" / "auto" / "checkpoints")[-1].name == "step_0000004"
     out = _finish(killed, nproc)  # what the requeued job runs: the same command, --resume auto
     assert "sss: --resume auto: using runs/auto/checkpoints/step_0000004, the newest checkpoint that verifies" in out
@@ -196,13 +201,7 @@ def test_kill9_then_auto_resume_across_an_unfreeze_is_bitwise_the_straight_run(t
     ]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     _finish(straight, 1, *words)
-    proc = _start(killed, 1, *words, 'callbacks=[{_target_: fit_pause.Pause, at: "1:2"}]')
-    deadline = time.monotonic() + 180
-    while not (killed / "runs" / "auto" / "paused").exists():
-        assert proc.poll() is None, _output(killed)[-3000:]
-        assert time.monotonic() < deadline, "the run did not reach the pause"
-        time.sleep(0.02)
-    _kill9(proc)
+    _kill9_at_pause(killed, 1, "1:2", *words)
     assert complete_checkpoints(killed / "runs" / "auto" / "checkpoints")[-1].name == "step_0000004"
     assert "runs/auto/checkpoints/step_0000004" in _finish(killed, 1, *words)
     a, b = _weights(killed), _weights(straight)

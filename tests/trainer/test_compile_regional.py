@@ -6,10 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from sss import SSSTrainer
 from sss.models import create_model
+from sss.testing import RandomClips
 from sss.trainer._compile import compile_module, repeated_blocks
 
 
@@ -82,19 +83,6 @@ def test_regional_without_repeated_blocks_warns_and_compiles_the_whole_module() 
     assert compile_module(plain, "full", backend=Graphs()) == [""] and plain._compiled_call_impl is not None
 
 
-class Clips(Dataset):
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.image, self.audio = torch.randn(n, 3, 64, 64, generator=g), torch.randn(n, 1, 8000, generator=g) * 0.1
-        self.label = torch.randint(0, 4, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i]}
-
-
 def _fit(model, tmp_path, **settings):
     trainer = SSSTrainer(
         max_steps=3,
@@ -105,7 +93,7 @@ def _fit(model, tmp_path, **settings):
         checkpoint={"every_epoch": False},
         **settings,
     )
-    trainer.fit(model, train_dataloaders=DataLoader(Clips(6), batch_size=2))
+    trainer.fit(model, train_dataloaders=DataLoader(RandomClips(6), batch_size=2))
     return trainer
 
 

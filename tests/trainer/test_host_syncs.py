@@ -11,7 +11,7 @@ import warnings
 from collections import Counter
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from sss import Callback, SSSTrainer
 from sss.callbacks import (
@@ -24,22 +24,7 @@ from sss.callbacks import (
 )
 from sss.callbacks.stock import add_stock_callbacks
 from sss.models import create_model
-from sss.testing import BoringModule, boring_loader, count_host_syncs
-
-
-class Clips(Dataset):
-    """Random 64x64 images and 0.5 s of 16 kHz audio: the input of the hunter models."""
-
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.image, self.audio = torch.randn(n, 3, 64, 64, generator=g), torch.randn(n, 1, 8000, generator=g) * 0.1
-        self.label = torch.randint(0, 4, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.image[i], "audio": self.audio[i], "label": self.label[i]}
+from sss.testing import BoringModule, RandomClips, boring_loader, count_host_syncs
 
 
 class StepLabel(Callback):
@@ -82,8 +67,8 @@ def test_twenty_steps_of_hunter_tiny_with_every_stock_and_health_callback_sync_t
         add_stock_callbacks(trainer)
         trainer.fit(
             create_model("hunter_tiny", num_classes=4),
-            train_dataloaders=DataLoader(Clips(40), batch_size=2),
-            val_dataloaders=DataLoader(Clips(2), batch_size=2),
+            train_dataloaders=DataLoader(RandomClips(40), batch_size=2),
+            val_dataloaders=DataLoader(RandomClips(2), batch_size=2),
         )
     assert trainer.state.global_step == 20 and {"ProgressBar", "Plots", "MetricsLogger", "ModelCheckpoint"} <= {
         type(c).__name__ for c in trainer.callbacks
