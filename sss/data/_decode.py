@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import io
 import math
 import os
 from collections.abc import Iterator
@@ -165,10 +166,10 @@ def sample_crop(
     return Crop(flip=flip)  # rare extreme aspect: whole image
 
 
-def _open_pixels(path: str | os.PathLike[str], size: int) -> Image.Image:
+def _open_pixels(path: str | os.PathLike[str] | bytes, size: int) -> Image.Image:
     """Open and fully decode an image (so truncation shows up here), checking its size."""
     try:
-        img = Image.open(path)
+        img = Image.open(io.BytesIO(path) if isinstance(path, bytes) else path)  # bytes: a shard member, a Parquet cell
         # JPEG can decode at 1/2, 1/4 or 1/8 scale for free; never below the target size.
         img.draft(img.mode, (size, size))
         img.load()
@@ -235,7 +236,7 @@ def _resize(
 
 
 def _pixels(
-    path: str | os.PathLike[str], size: int, mode: str, crop: Crop | None, resample: str = "bilinear"
+    path: str | os.PathLike[str] | bytes, size: int, mode: str, crop: Crop | None, resample: str = "bilinear"
 ) -> Image.Image:
     """Decode, reduce, convert to 8-bit ``mode``, crop and resize: the steps every image loader shares."""
     with _open_pixels(path, size) as img:
@@ -243,7 +244,9 @@ def _pixels(
         return _resize(_to_8bit(small, mode), size, crop, extent, resample)
 
 
-def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None, norm: ImageNorm = IMAGENET) -> Tensor:
+def load_image(
+    path: str | os.PathLike[str] | bytes, size: int, crop: Crop | None = None, norm: ImageNorm = IMAGENET
+) -> Tensor:
     """Read an image of any mode and size as a normalised float tensor ``[3, size, size]``.
 
     Converted to RGB (16-bit and float images are scaled, not clipped), cropped by ``crop`` when
@@ -279,7 +282,7 @@ def load_image(path: str | os.PathLike[str], size: int, crop: Crop | None = None
     return norm.normalise(pixels)
 
 
-def load_image_u8(path: str | os.PathLike[str], size: int, norm: ImageNorm = IMAGENET) -> np.ndarray:
+def load_image_u8(path: str | os.PathLike[str] | bytes, size: int, norm: ImageNorm = IMAGENET) -> np.ndarray:
     """The resized RGB image as uint8 ``[3, size, size]`` (what the feature cache stores); ``norm``'s resize filter.
 
     Example:
@@ -305,7 +308,7 @@ def normalise_u8(pixels: Tensor, norm: ImageNorm = IMAGENET) -> Tensor:
     return norm.normalise(pixels.float())
 
 
-def load_mask(path: str | os.PathLike[str], size: int, crop: Crop | None = None) -> Tensor:
+def load_mask(path: str | os.PathLike[str] | bytes, size: int, crop: Crop | None = None) -> Tensor:
     """Read a shadow mask as float ``[1, size, size]`` in [0, 1] (255 = shadow), cropped like its image.
 
     Any mode: colour masks are converted to grey, 16-bit ones scaled. Bilinear resizing keeps
@@ -333,7 +336,7 @@ def load_mask(path: str | os.PathLike[str], size: int, crop: Crop | None = None)
 
 
 def load_audio(
-    path: str | os.PathLike[str], sample_rate: int, num_samples: int, *, train: bool = False
+    path: str | os.PathLike[str] | bytes, sample_rate: int, num_samples: int, *, train: bool = False
 ) -> tuple[Tensor, int]:
     """Read a sound file as a mono float waveform ``[1, num_samples]`` at ``sample_rate``.
 
@@ -404,9 +407,9 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _read_sound(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
+def _read_sound(path: str | os.PathLike[str] | bytes) -> tuple[np.ndarray, int]:
     try:
-        with sf.SoundFile(path) as handle:
+        with sf.SoundFile(io.BytesIO(path) if isinstance(path, bytes) else path) as handle:
             expected = handle.frames
             data = handle.read(dtype="float32", always_2d=True)  # [frames, channels]
             rate = handle.samplerate
@@ -427,15 +430,17 @@ def _read_sound(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     return data, rate
 
 
-def _wav_declared_frames(path: str | os.PathLike[str]) -> int | None:
+def _wav_declared_frames(path: str | os.PathLike[str] | bytes) -> int | None:
     """Frames a WAV's data chunk header announces, or None (not a WAV, or a streaming size).
 
     libsndfile sizes a truncated WAV by what is on disk, so the cut is only visible by comparing
     the header's data size with the file's length.
     """
-    with open(path, "rb") as handle:
-        head = handle.read(4096)
-        size = os.fstat(handle.fileno()).st_size
+    if isinstance(path, bytes):
+        head, size = path[:4096], len(path)
+    else:
+        with open(path, "rb") as handle:
+            head, size = handle.read(4096), os.fstat(handle.fileno()).st_size
     if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
     pos, block_align = 12, 0
