@@ -60,7 +60,7 @@ def marker_problem(meta: Any, resume: bool = False) -> str | None:
     for key, (low, high) in _WHOLE.items():
         if key in meta and not _whole(meta[key], low, high):
             return f"{key} is {_show(meta[key])}, not a whole number from {low} to {high}"
-    for check in (_metrics, _callbacks, _files, _resized, _config):
+    for check in (_metrics, _callbacks, _files, _resized, _config, _stream):
         problem = check(meta)
         if problem is not None:
             return problem
@@ -131,3 +131,18 @@ def _config(meta: dict[str, Any]) -> str | None:
     if "config_hash" in meta and not isinstance(meta["config_hash"], str):
         return f"config_hash is {_show(meta['config_hash'])}, not a string"
     return None
+
+
+def _stream(meta: dict[str, Any]) -> str | None:
+    stream = meta.get("stream")
+    if stream is None:
+        return None
+    ok = (
+        isinstance(stream, dict)
+        and isinstance(stream.get("plan"), str)
+        and all(_whole(stream.get(key), 0, _BIG) for key in ("epoch", "batch"))
+        and _whole(stream.get("processes"), 1, MAX_PROCESSES)
+        and isinstance(stream.get("readers"), list)
+        and all(isinstance(r, list) and len(r) == 4 and all(_whole(v, 0, _BIG) for v in r) for r in stream["readers"])
+    )
+    return None if ok else f"stream is {_show(stream)}, not {{plan, epoch, batch, processes, readers: [[4 counts]]}}"

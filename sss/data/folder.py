@@ -25,8 +25,9 @@ from sss.data._paths import RootRule, not_regular
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
 from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
+from sss.data.record_setup import RECORD_LAYOUTS, check_record_options, record_classes, setup_records, stream_dataset
 
-__all__ = ["ManifestDataModule", "loader_options"]
+__all__ = ["ManifestDataModule", "loader_options", "median_clip_seconds"]
 
 MIN_INFERRED_CLIP_SECONDS = 0.025
 """The shortest clip length `setup` infers: one analysis window of the log-mel front-end (25 ms).
@@ -46,7 +47,9 @@ class ManifestDataModule(DataModule):
 
     Args:
         root: The dataset folder (required; ``sss fit examples/manifest.yaml data.root=PATH``).
-        layout: ``manifest`` (our CSV/JSONL), ``esc50``, ``urbansound8k``, ``desed``, ``istd`` or ``sbu``.
+        layout: ``manifest`` (our CSV/JSONL), ``esc50``, ``urbansound8k``, ``desed``, ``istd`` or ``sbu``;
+            ``shards`` (tar shards written by ``sss data pack``, read as a stream) or ``hf`` (a Hugging Face
+            ``save_to_disk`` folder, Parquet files in the Hub's layout, or a dataset id in the local cache).
         fold: ESC-50 / UrbanSound8K held-out fold used as validation (default 5 / 10).
         batch_size: Samples per batch.
         num_workers: DataLoader worker processes (0 decodes in the main process).
@@ -71,6 +74,11 @@ class ManifestDataModule(DataModule):
         allow_outside_root: Accept manifest paths that leave ``root`` (absolute, through ``..`` or a symbolic link),
             and ``classes.txt``, manifests, event tables and metadata that are symbolic links out of it.
         seed: Seed of the training shuffle.
+        streaming: ``layout=hf``: read the training split as a stream (``shards`` always streams; see
+            `sss.data.stream`), each process and worker its own part, resumable without reading what came before.
+        shuffle_buffer: Samples per shuffle window of a stream.
+        columns: ``layout=hf``: sss name -> column, e.g. ``{audio: wav, label: category}`` (default: by the
+            columns' feature types and names).
 
     Example:
         >>> import tempfile
@@ -94,7 +102,7 @@ class ManifestDataModule(DataModule):
         self,
         root: str | None = None,
         *,
-        layout: Literal["manifest", "esc50", "urbansound8k", "desed", "istd", "sbu"] = "manifest",
+        layout: Literal["manifest", "esc50", "urbansound8k", "desed", "istd", "sbu", "shards", "hf"] = "manifest",
         fold: PositiveInt | None = None,
         batch_size: PositiveInt = 32,
         num_workers: NonNegativeInt = 0,
@@ -112,10 +120,14 @@ class ManifestDataModule(DataModule):
         on_error: Literal["raise", "skip"] = "raise",
         allow_outside_root: bool = False,
         seed: NonNegativeInt = 0,
+        streaming: bool = False,
+        shuffle_buffer: PositiveInt = 512,
+        columns: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
-        if layout not in LAYOUTS:
-            raise ValueError(f"data.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if layout not in (*LAYOUTS, *RECORD_LAYOUTS):
+            raise ValueError(f"data.layout must be one of {', '.join((*LAYOUTS, *RECORD_LAYOUTS))}, got {layout!r}")
+        check_record_options(layout, streaming, columns, cache)
         if on_error not in ON_ERROR:
             raise ValueError(f"data.on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if cache not in (None, "features"):
@@ -129,6 +141,7 @@ class ManifestDataModule(DataModule):
         self.augment, self.event_frame_rate, self.n_mels = augment, event_frame_rate, n_mels
         self.cache, self.cache_dir = cache, cache_dir
         self.on_error, self.allow_outside_root = on_error, allow_outside_root
+        self.streaming, self.shuffle_buffer, self.columns = streaming or layout == "shards", shuffle_buffer, columns
         self.image_norm = IMAGENET  # a pretrained image encoder's own: `use_model_preprocessing`
         self.datasets: dict[str, ManifestDataset] = {}
         self.event_classes: list[str] = []
@@ -136,7 +149,9 @@ class ManifestDataModule(DataModule):
         self.task = ""
         # One log for every split, process and worker (see SkipLog).
         self.skip_log = SkipLog(Path(tempfile.gettempdir()) / f"sss-skipped-{os.getpid()}-{uuid.uuid4().hex[:8]}.csv")
-        if self.root is not None and self.root.is_dir():
+        if self.layout in RECORD_LAYOUTS:
+            self.classes = record_classes(self)  # the index or the table's metadata: cheap, as below
+        elif self.root is not None and self.root.is_dir():
             # Cheap (one manifest read, no file checks): lets the run size the model's head before setup.
             try:
                 found = read_split(layout, self.root, "train", fold, allow_outside_root=allow_outside_root)
@@ -152,6 +167,8 @@ class ManifestDataModule(DataModule):
             )
         if self.datasets:
             return
+        if self.layout in RECORD_LAYOUTS:
+            return setup_records(self, stage)
         first = self._read("train")
         if first is None and stage == "fit":
             raise FileNotFoundError(f"manifest not found: {self.root / 'train.csv'} (needed for stage 'fit')")
@@ -307,9 +324,11 @@ class ManifestDataModule(DataModule):
         )
 
     def train_dataloader(self) -> DataLoader[Any]:
-        """Shuffled batches of the training split."""
+        """Shuffled batches of the training split (a stream splits itself between processes: `sss.data.stream`)."""
         if "train" not in self.datasets:
             raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') first")
+        if self.streaming:
+            return self._loader(stream_dataset(self), shuffle=False)  # the stream shuffles itself
         return self._loader(self.datasets["train"], shuffle=True)
 
     def val_dataloader(self) -> DataLoader[Any] | None:
@@ -320,7 +339,7 @@ class ManifestDataModule(DataModule):
         """Batches of the test split in file order, or None without one."""
         return self._loader(self.datasets["test"], shuffle=False) if "test" in self.datasets else None
 
-    def _loader(self, dataset: ManifestDataset, shuffle: bool) -> DataLoader[Any]:
+    def _loader(self, dataset: Any, shuffle: bool) -> DataLoader[Any]:
         options = loader_options(self.num_workers, self.pin_memory, self.persistent_workers, self.prefetch_factor)
         return DataLoader(
             dataset,
@@ -408,13 +427,23 @@ def _infer_clip_seconds(root: Path, found: SplitRows, allow_outside_root: bool =
             durations.append(info.frames / info.samplerate)
         except (RuntimeError, OSError, ValueError, ZeroDivisionError):
             continue  # bad files are reported when their row is checked or loaded
+    return median_clip_seconds(durations, found.source)
+
+
+def median_clip_seconds(durations: list[float], source: str) -> float:
+    """The median of the positive `durations`, rounded to 10 ms (1.0 when none); `source` names them in the error.
+
+    Example:
+        >>> median_clip_seconds([0.5, 1.004, 2.0, 0.0], "train.csv")
+        1.0
+    """
     positive = [d for d in durations if d > 0]
     if not positive:
         return 1.0
     median = statistics.median(positive)
     if median < MIN_INFERRED_CLIP_SECONDS:
         raise DataError(
-            f"{found.source}: cannot infer the clip length: the median duration of {len(positive)} audio file(s) "
+            f"{source}: cannot infer the clip length: the median duration of {len(positive)} audio file(s) "
             f"is {median * 1000:.1f} ms, shorter than one {MIN_INFERRED_CLIP_SECONDS * 1000:g} ms analysis window; "
             "set data.clip_seconds to the length every clip should be padded or cropped to (e.g. "
             "data.clip_seconds=1.0), or check the files (a wrong sample rate in their headers?)"

@@ -156,6 +156,25 @@ class Source(abc.ABC):
         Reading from ``start`` must not read the samples before it (an index, a row group, a seek): resume is O(1).
         """
 
+    def durations(self, limit: int = 64) -> list[float]:
+        """Seconds of up to `limit` audio samples from the start, for clip-length inference (an index may know them)."""
+        import io
+
+        import soundfile as sf
+
+        out: list[float] = []
+        for shard in range(len(self.shards)):
+            for record in self.read(shard):
+                if len(out) >= limit:
+                    return out
+                if isinstance(record, Record) and record.audio:
+                    try:
+                        info = sf.info(io.BytesIO(record.audio))
+                        out.append(info.frames / info.samplerate)
+                    except (RuntimeError, ValueError, ZeroDivisionError):
+                        continue  # reported when the sample is decoded
+        return out
+
     def fingerprint(self) -> list[list[Any]]:
         """The shard list as plain values (name, part, rows): a checkpoint compares it on resume."""
         return [[os.path.basename(s.path), s.part, s.rows] for s in self.shards]
@@ -316,6 +335,24 @@ class SourceDataset(Dataset[dict[str, Any]]):
 
     def __len__(self) -> int:
         return self.starts[-1]
+
+    # What the data module and the summary line read of a split, as of a ManifestDataset.
+    classes = property(lambda self: self.source.classes)
+    event_classes = property(lambda self: self.source.event_classes)
+    modalities = property(lambda self: self.source.modalities)
+    multilabel = property(lambda self: self.source.multilabel)
+    has_label = property(lambda self: self.source.has_label)
+    has_mask = property(lambda self: self.source.has_mask)
+    cache = None  # no feature cache: records are decoded as they are read
+
+    @property
+    def image_norm(self) -> ImageNorm:
+        """Mean, std and resize filter of the images (a pretrained encoder's own: ``use_model_preprocessing``)."""
+        return self.decoder.image_norm
+
+    @image_norm.setter
+    def image_norm(self, norm: ImageNorm) -> None:
+        self.decoder.image_norm = norm
 
     def set_epoch(self, epoch: int) -> None:
         """Select the augmentation of `epoch` (crops and flips are a function of (seed, epoch, index))."""

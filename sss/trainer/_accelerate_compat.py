@@ -31,7 +31,9 @@ __all__ = [
     "end_skipped_step",
     "fused_loss_scale",
     "fused_step_skipped",
+    "loader_from",
     "optimizer_step",
+    "prepare_loader",
     "zero_grad",
 ]
 
@@ -251,3 +253,55 @@ def accumulate(accelerator: Accelerator, model: torch.nn.Module) -> contextlib.A
     if accelerator.gradient_state.num_steps != 1:
         return accelerator.accumulate(model)
     return _UnitWindow(accelerator)
+
+
+def prepare_loader(accelerator: Accelerator, loader: Any) -> Any:
+    """``accelerator.prepare(loader)``, except for a loader whose dataset already reads one process's share.
+
+    A `sss.data.stream.StreamDataset` splits its stream between processes and workers itself. Accelerate
+    would split it again: ``dispatch_batches`` (its default for iterable datasets) reads every batch on
+    process 0 and sends slices, and without it ``IterableDatasetShard`` keeps one batch in N of each process's
+    stream, so samples are silently never seen (accelerate PR #4276). Such a loader is prepared as for one
+    process: device placement and the end-of-loader flag accumulation needs, nothing re-split.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> prepare_loader(Accelerator(cpu=True), DataLoader([1, 2, 3])).__class__.__name__
+        'DataLoaderShard'
+    """
+    from sss.data.stream import splits_itself
+
+    if not splits_itself(getattr(loader, "dataset", None)):
+        return accelerator.prepare(loader)
+    from accelerate.data_loader import prepare_data_loader
+
+    return prepare_data_loader(
+        loader,
+        accelerator.device,
+        num_processes=1,
+        process_index=0,
+        put_on_device=True,
+        dispatch_batches=False,
+        non_blocking=accelerator.dataloader_config.non_blocking,
+    )
+
+
+def loader_from(accelerator: Accelerator, loader: Any, start: int) -> Any:
+    """The loader an epoch iterates when `start` of its batches were taken before a resume.
+
+    A dataset that can start anywhere (``start_at``: `sss.data.stream.StreamDataset`) is placed there, and
+    reads nothing before it; any other loader goes through ``accelerator.skip_first_batches``, which skips
+    a map-style loader's first batches in its batch sampler (indices only, no sample is loaded) and an
+    iterable one's by reading them.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader = DataLoader([1, 2, 3])
+        >>> loader_from(Accelerator(cpu=True), loader, 0) is loader
+        True
+    """
+    dataset = getattr(loader, "dataset", None)
+    if hasattr(dataset, "start_at"):
+        dataset.start_at(start)
+        return loader
+    return accelerator.skip_first_batches(loader, start) if start else loader

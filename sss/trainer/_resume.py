@@ -13,11 +13,27 @@ from sss import checkpoint as ckpt_io
 from sss.config import ConfigError, TrainerConfig
 from sss.trainer.state import TrainState
 
-__all__ = ["check_resumable", "marker_meta", "restore_rng_and_position"]
+__all__ = ["check_resumable", "marker_meta", "restore_rng_and_position", "stream_of"]
 
 
-def check_resumable(path: Path, meta: dict[str, Any], config: TrainerConfig, procs: int, record: dict) -> None:
+def stream_of(loader: Any) -> Any:
+    """The `sss.data.stream.StreamDataset` a (prepared) training loader reads, or None for any other loader.
+
+    Example:
+        >>> stream_of([1, 2]) is None
+        True
+    """
+    dataset = getattr(loader, "dataset", None)
+    return dataset if hasattr(dataset, "check_resume") else None
+
+
+def check_resumable(
+    path: Path, meta: dict[str, Any], config: TrainerConfig, procs: int, record: dict, stream: Any = None
+) -> None:
     """Refuse a checkpoint this run cannot continue: another process count (unless resized), or changed math.
+
+    A training stream (`stream`) must be read by the same plan (shards, seed, workers, processes) the checkpoint
+    recorded, or its position would not be the saved one (`sss.data.stream.StreamDataset.check_resume`).
 
     Example:
         >>> meta = {"num_processes": 2, "config": {}}
@@ -41,6 +57,8 @@ def check_resumable(path: Path, meta: dict[str, Any], config: TrainerConfig, pro
             f"{saved_procs} under trainer.{sharded[0]}, whose optimizer state is sharded per process and "
             f"cannot be re-split by sss. Resume with the same count (sss fit ... --num-processes {saved_procs})."
         )
+    if stream is not None:
+        stream.check_resume(meta.get("stream"), meta["resume_epoch"], meta["resume_batch"], procs)
     problems = ckpt_io.config_differences(meta.get("config", {}), record)
     if problems:
         raise ConfigError(
@@ -84,12 +102,14 @@ def marker_meta(
     config: dict[str, Any],
     resized: list[dict[str, int]],
     finetune: dict[str, Any] | None = None,
+    stream: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of a checkpoint's ``trainer_state.json`` (the manifest is added by `sss.checkpoint.write_marker`).
 
     `position` is ``(resume_epoch, resume_batch)``: where a resume continues. Every value has the type and range
     the marker schema checks on load (`sss._marker`). `finetune` is the freeze state of ``trainer.finetune``
     (`sss.trainer.finetune.Finetuning.record`; None: nothing frozen), checked against the step on resume.
+    `stream` is a training stream's position (`sss.data.stream.StreamDataset.position`), checked on resume.
 
     Example:
         >>> meta = marker_meta(TrainState(global_step=3), (0, 3), [], 1, {}, [])
@@ -112,4 +132,5 @@ def marker_meta(
         "config": config,
         **({"resized_from": resized} if resized else {}),
         **({"finetune": finetune} if finetune else {}),
+        **({"stream": stream} if stream else {}),
     }

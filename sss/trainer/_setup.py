@@ -177,6 +177,19 @@ def build_accelerator(cfg: TrainerConfig) -> Accelerator:
     return accelerator
 
 
+def warn_unseedable(accelerator: Accelerator) -> None:
+    """Warn when a user-built Accelerator shuffles without a seedable sampler: its resumes cannot replay the order."""
+    import warnings
+
+    if not accelerator.dataloader_config.use_seedable_sampler:
+        warnings.warn(
+            "the given Accelerator shuffles without a seedable sampler, so a resumed run cannot replay the "
+            "data order: build it with dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, "
+            "data_seed=SEED) for exact resumes",
+            stacklevel=3,
+        )
+
+
 def fast_dev_config(cfg: TrainerConfig) -> TrainerConfig:
     """`cfg` as ``trainer.fast_dev_run=N`` means it: N batches of training and validation, one epoch, nothing kept.
 

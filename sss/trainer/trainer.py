@@ -33,7 +33,7 @@ from sss.trainer._fail_fast import check_first_batch, check_gradients, sanity_ba
 from sss.trainer._logged import ModuleLogs, stamp
 from sss.trainer._oom import MicroBatchRunner, SplittingRunner
 from sss.trainer._processes import destroy_group_at_exit, tag_warnings_with_rank
-from sss.trainer._resume import check_resumable, marker_meta, restore_rng_and_position
+from sss.trainer._resume import check_resumable, marker_meta, restore_rng_and_position, stream_of
 from sss.trainer._setup import (
     build_accelerator,
     count_total_steps,
@@ -41,6 +41,7 @@ from sss.trainer._setup import (
     optimizer_and_scheduler,
     resolve_precision,
     use_cpu,
+    warn_unseedable,
     with_overrides,
 )
 from sss.trainer._stop import EvaluationStopped, StopRequest
@@ -121,13 +122,8 @@ class SSSTrainer:
                 f"Accelerator accumulates {self.accelerator.gradient_accumulation_steps}: build it with "
                 f"Accelerator(gradient_accumulation_steps={self.config.gradient_accumulation_steps})"
             )
-        if accelerator is not None and not accelerator.dataloader_config.use_seedable_sampler:
-            warnings.warn(
-                "the given Accelerator shuffles without a seedable sampler, so a resumed run cannot replay the "
-                "data order: build it with dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, "
-                "data_seed=SEED) for exact resumes",
-                stacklevel=2,
-            )
+        if accelerator is not None:
+            warn_unseedable(accelerator)
         self.callbacks: list[Callback] = list(callbacks)
         self.state = TrainState()
         self.module: LitModule | None = None
@@ -153,6 +149,7 @@ class SSSTrainer:
         self._resize_history: tuple[TrainState | None, list[dict[str, int]]] = (None, [])
         """The process-count changes since step 0 (trainer.resume_resize), kept with the state they belong to."""
         self._finetune = Finetuning()  # trainer.finetune: the held-out parameters of this fit (at set-up)
+        self._stream: Any = None  # the fit's training StreamDataset, whose position checkpoints record
 
     @property
     def output_dir(self) -> Path:
@@ -227,7 +224,7 @@ class SSSTrainer:
         limit = self.config.limit_train_batches
         if limit is not None and start >= limit:
             return iter(())  # resumed after the limited epoch's last batch
-        batches = enumerate(self.accelerator.skip_first_batches(loader, start) if start else loader, start=start)
+        batches = enumerate(compat.loader_from(self.accelerator, loader, start), start=start)
         return batches if limit is None else self._until(batches, limit)  # no generator of ours when unlimited
 
     def _until(self, batches: Iterator[tuple[int, Any]], limit: int) -> Iterator[tuple[int, Any]]:
@@ -532,7 +529,7 @@ class SSSTrainer:
         (`sss.checkpoint.seed_missing_rng`).
         """
         path, meta = ckpt_io.verify_for_resume(path)  # a VerifiedCheckpoint (run_fit's) is not checked again
-        check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record())
+        check_resumable(path, meta, self.config, self.accelerator.num_processes, self._config_record(), self._stream)
         ckpt_io.check_no_code_on_load(path)
         if self._finetune.restore(meta, self.optimizer, self.module):  # before the optimizer state (Lightning #21901)
             self._bind(rewrap(self.accelerator, self.model))
@@ -569,8 +566,9 @@ class SSSTrainer:
             position = (state.epoch + (not self._epoch_counted), 0)
         callbacks = [{"class": type(c).__name__, "state": c.state_dict()} for c in self.callbacks]
         resized = resized if kept_state is state else []
-        record, finetune = self._config_record(), self._finetune.record()
-        return marker_meta(state, position, callbacks, self.accelerator.num_processes, record, resized, finetune)
+        record, finetune, procs = self._config_record(), self._finetune.record(), self.accelerator.num_processes
+        stream = self._stream and {**self._stream.position(*position), "processes": procs}
+        return marker_meta(state, position, callbacks, procs, record, resized, finetune, stream)
 
     # ------------------------------------------------------------------ set-up
     def _setup_fit(self, module: LitModule, datamodule: Any, train: Any, val: Any) -> tuple[Any, Any]:
@@ -586,7 +584,8 @@ class SSSTrainer:
             raise ValueError("fit() needs training data: pass a datamodule or train_dataloaders=")
         if self.config.overfit_batches:
             train = val = first_batches(train, self.config.overfit_batches)
-        train = self.accelerator.prepare(train)
+        train = compat.prepare_loader(self.accelerator, train)  # a stream is split by itself, not again
+        self._stream = stream_of(train)  # its position is recorded in checkpoints and checked on resume
         val = self.accelerator.prepare(val) if val is not None else None
         self.total_steps = count_total_steps(train, self.config, self.accelerator.gradient_accumulation_steps)
         own_buffer_storage(module)

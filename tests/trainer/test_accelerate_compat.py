@@ -412,3 +412,34 @@ def test_fit_never_runs_upstreams_optimizer_step_without_a_scaler(monkeypatch):
     trainer = SSSTrainer(max_steps=3, **QUIET)
     trainer.fit(BoringModule(), train_dataloaders=boring_loader())
     assert trainer.state.global_step == 3 and calls == []
+
+
+def _stream_loader(batch: int = 2) -> torch.utils.data.DataLoader:
+    from sss.data.records import Record, Shard, Source
+    from sss.data.stream import StreamDataset
+
+    class Rows(Source):
+        def read(self, shard, start=0, stop=None):
+            for row in range(start, 6 if stop is None else stop):
+                yield Record("s.tar", row, str(row), target=shard * 6 + row)
+
+    source = Rows("rows", [Shard("a", 6), Shard("b", 6)], ["x"], ())
+    stream = StreamDataset(source, lambda record, index: {"index": index}, batch_size=batch, shuffle=False)
+    return torch.utils.data.DataLoader(stream, batch_size=batch)
+
+
+def test_upstream_prepare_splits_an_iterable_dataset_again_and_drops_batches():
+    from accelerate.data_loader import prepare_data_loader
+
+    # What Accelerate does on process 0 of 2 (dispatch off): one batch in two of a stream already split.
+    loader = prepare_data_loader(_stream_loader(), num_processes=2, process_index=0, dispatch_batches=False)
+    assert type(loader.dataset).__name__ == "IterableDatasetShard"
+    assert [b["index"].tolist() for b in loader] == [[0, 1], [4, 5], [8, 9]]
+
+
+def test_prepare_loader_leaves_a_stream_whole_and_places_it_on_the_device():
+    loader = compat.prepare_loader(Accelerator(cpu=True), _stream_loader())
+    assert type(loader).__name__ == "DataLoaderShard" and type(loader.dataset).__name__ == "StreamDataset"
+    assert sum((b["index"].tolist() for b in loader), []) == list(range(12))
+    loader.dataset.start_at(4)
+    assert [b["index"].tolist() for b in compat.loader_from(Accelerator(cpu=True), loader, 4)] == [[8, 9], [10, 11]]

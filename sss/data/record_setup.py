@@ -1,0 +1,141 @@
+"""`ManifestDataModule` on record layouts: ``data.layout=shards`` (``sss data pack``) and ``data.layout=hf``.
+
+The splits are `sss.data.records.Source` objects read map-style by `SourceDataset` (validation, test, and
+``hf`` without streaming: Accelerate splits them as it splits a manifest) or, for training with
+``data.streaming=true`` (always for ``shards``), as a `StreamDataset` that splits itself between processes
+and workers. Everything else (classes, task, modalities, clip length, messages) is as for manifests.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sss.config.errors import ConfigError
+from sss.data._decode import DataError
+from sss.data.layouts import SPLITS
+from sss.data.records import RecordDecoder, Source, SourceDataset
+from sss.data.stream import StreamDataset
+
+__all__ = ["RECORD_LAYOUTS", "check_record_options", "record_classes", "setup_records", "stream_dataset"]
+
+RECORD_LAYOUTS = ("shards", "hf")
+"""Layouts whose samples are records (bytes in shards or tables), not files named by a manifest."""
+
+
+def check_record_options(layout: str, streaming: bool, columns: dict[str, str] | None, cache: str | None) -> None:
+    """Refuse options that do not apply to `layout`, naming the key.
+
+    Example:
+        >>> check_record_options("manifest", True, None, None)
+        Traceback (most recent call last):
+        ...
+        sss.config.errors.ConfigError: data.streaming=true reads data.layout=hf as a stream ...
+    """
+    if streaming and layout != "hf":
+        raise ConfigError(
+            f"data.streaming=true reads data.layout=hf as a stream (data.layout=shards always streams); "
+            f"data.layout={layout} is read map-style: remove data.streaming"
+        )
+    if columns and layout != "hf":
+        raise ConfigError(f"data.columns maps the columns of data.layout=hf tables; data.layout={layout} has none")
+    if cache is not None and layout in RECORD_LAYOUTS:
+        raise ConfigError(
+            f"data.cache={cache} stores a manifest's decoded files; data.layout={layout} is read from its "
+            "records each epoch: remove data.cache"
+        )
+
+
+def _open(dm: Any, split: str, classes: list[str] | None) -> Source | None:
+    skip = dm.skip_log
+    if dm.layout == "shards":
+        from sss.data.shards import open_shards
+
+        return open_shards(dm.root, split, on_error=dm.on_error, skip_log=skip)
+    from sss.data.hf import open_hf
+
+    options = {"columns": dm.columns, "streaming": dm.streaming, "on_error": dm.on_error, "skip_log": skip}
+    return open_hf(str(dm.root), split, classes=classes, **options)
+
+
+def record_classes(dm: Any) -> list[str]:
+    """The class names of the training split, read from its index or metadata (nothing decoded); [] if unknown."""
+    if dm.root is None:
+        return []
+    try:
+        source = _open(dm, "train", None)
+    except (DataError, ConfigError, OSError):
+        return []  # reported by setup, with the full context
+    return list(source.classes) if source is not None else []
+
+
+def setup_records(dm: Any, stage: str) -> None:
+    """`ManifestDataModule.setup` for a record layout: open the splits, infer the clip length, print the summary."""
+    sources: dict[str, Source] = {}
+    classes: list[str] | None = None
+    for split in SPLITS:
+        source = _open(dm, split, classes)
+        if source is not None:
+            sources[split] = source
+            classes = classes if classes is not None else list(source.classes)
+    if "train" not in sources and stage == "fit":
+        raise FileNotFoundError(f"no training split in {dm.root} for data.layout={dm.layout} (needed for stage 'fit')")
+    if not sources:
+        raise FileNotFoundError(f"no split found in {dm.root} for data.layout={dm.layout}")
+    first = next(iter(sources.values()))
+    inferred = dm.clip_seconds is None
+    if inferred:
+        from sss.data.folder import median_clip_seconds
+
+        durations = first.durations() if "audio" in first.modalities else []
+        dm.clip_seconds = median_clip_seconds(durations, first.where)
+    for split, source in sources.items():
+        dm.datasets[split] = SourceDataset(
+            source, _decoder(dm, source, split == "train"), on_error=dm.on_error, skip_log=dm.skip_log, seed=dm.seed
+        )
+    dm.classes, dm.event_classes, dm.modalities = list(first.classes), list(first.event_classes), first.modalities
+    dm.task = "multilabel" if first.multilabel else ("multiclass" if first.has_label else "segmentation")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(dm.describe(inferred), flush=True)
+
+
+def _decoder(dm: Any, source: Source, train: bool) -> RecordDecoder:
+    return RecordDecoder.of(
+        source,
+        image_size=dm.image_size,
+        sample_rate=dm.sample_rate,
+        clip_seconds=dm.clip_seconds,
+        train=train,
+        augment=dm.augment,
+        event_frame_rate=dm.event_frame_rate,
+        image_norm=dm.image_norm,
+    )
+
+
+def _process() -> tuple[int, int]:
+    """(rank, process count) of this run: the Accelerate state once the trainer built it, else the launcher's."""
+    from accelerate.state import PartialState, is_initialized
+
+    if is_initialized():
+        state = PartialState()
+        return state.process_index, state.num_processes
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def stream_dataset(dm: Any) -> StreamDataset:
+    """The training split of `dm` as this process's `StreamDataset` (its part of every epoch)."""
+    train: SourceDataset = dm.datasets["train"]
+    rank, world = _process()
+    return StreamDataset(
+        train.source,
+        train.decoder,
+        batch_size=dm.batch_size,
+        num_workers=dm.num_workers,
+        rank=rank,
+        world=world,
+        shuffle=True,
+        shuffle_buffer=dm.shuffle_buffer,
+        seed=dm.seed,
+        on_error=dm.on_error,
+        skip_log=dm.skip_log,
+    )
