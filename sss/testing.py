@@ -37,6 +37,7 @@ __all__ = [
     "RandomClips",
     "boring_loader",
     "count_host_syncs",
+    "hub_parquet",
     "subprocess_env",
 ]
 
@@ -395,3 +396,54 @@ def subprocess_env(*paths: str | os.PathLike[str], **overrides: str) -> dict[str
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     entries = [SOURCE_ROOT, *(os.fspath(p) for p in paths), *inherited]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(entries)), **overrides}
+
+
+def hub_parquet(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], *, files: int = 2, row_group: int = 8
+) -> Path:
+    """Write a manifest folder's splits as a Hugging Face dataset in the Hub's Parquet layout (for tests, benchmarks).
+
+    ``OUT/data/{train,validation,test}-0000K-of-0000N.parquet`` with the file bytes embedded, as the Hub stores
+    them: ``image`` an ``Image()`` feature, ``audio`` an ``Audio()`` one (its {bytes, path} struct: written
+    without encoding, which needs torchcodec), ``label`` a ``ClassLabel`` named by the folder's classes;
+    `files` files per split, row groups of `row_group` rows. Needs ``datasets`` (the ``datasets`` extra).
+
+    Example:
+        >>> import tempfile
+        >>> from sss.data.synthetic import make_industrial
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     src = make_industrial(f"{tmp}/ind", n_train=6, n_val=2, n_test=0, image_size=32)
+        ...     out = hub_parquet(src, f"{tmp}/hub", files=2, row_group=2)
+        ...     sorted(p.name for p in (out / "data").iterdir())
+        ['train-00000-of-00002.parquet', 'train-00001-of-00002.parquet',
+         'validation-00000-of-00002.parquet', 'validation-00001-of-00002.parquet']
+    """
+    import datasets
+
+    from sss.data.manifest import ManifestDataset
+
+    out = Path(out)
+    (out / "data").mkdir(parents=True)
+    struct = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
+        try:
+            rows = ManifestDataset(src, split)
+        except FileNotFoundError:
+            continue
+        cells = lambda paths: [{"bytes": Path(p).read_bytes(), "path": os.path.basename(p)} for p in paths]  # noqa: E731
+        features = datasets.Features(
+            {"image": datasets.Image(), "audio": struct, "label": datasets.ClassLabel(names=rows.classes)}
+        )
+        table = datasets.Dataset.from_dict(
+            {"image": cells(rows.images), "audio": cells(rows.audio), "label": list(rows.targets)}, features=features
+        ).cast_column("audio", datasets.Audio(decode=False))
+        quiet = not datasets.utils.are_progress_bars_disabled()
+        datasets.utils.disable_progress_bars()  # to_parquet's bar per file; the caller's setting is given back below
+        try:
+            for k in range(files):
+                part = table.shard(files, k, contiguous=True)
+                part.to_parquet(str(out / "data" / f"{name}-{k:05d}-of-{files:05d}.parquet"), batch_size=row_group)
+        finally:
+            if quiet:
+                datasets.utils.enable_progress_bars()
+    return out

@@ -9,7 +9,7 @@ import typing
 from typing import TYPE_CHECKING, Annotated, Any
 
 from sss.config.constraints import Bound, Ge, Le, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
-from sss.config.errors import both_warmups, workers_only
+from sss.config.errors import ConfigError, both_warmups, workers_only
 
 if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
@@ -321,6 +321,15 @@ def _judge(value: Any, hint: Any) -> _Verdict:
         if out_of_range:  # the value has the right type for an option, but not its range
             return _Verdict("value", out_of_range[0] + (" (or null)" if type(None) in options else ""))
         return _Verdict("type", " or ".join(v.text for v in verdicts))
+    if origin is dict and len(options) == 2:  # data.columns: {audio: wav}
+        if not isinstance(value, dict):
+            return _Verdict("type", "a mapping (key: value)")
+        for key, item in value.items():
+            for part, hint_of in ((key, options[0]), (item, options[1])):
+                verdict = _judge(part, hint_of)
+                if verdict.kind == "type":
+                    return _Verdict("value", f"entry {key!r}: {part!r} is not {verdict.text}")
+        return _OK
     if origin is tuple and options and options[-1] is not Ellipsis:
         if not isinstance(value, (list, tuple)):
             return _Verdict("type", f"a list of {len(options)} values")
@@ -464,6 +473,14 @@ def _conflicts(config: SSSConfig) -> list[str]:
             f"data.cache=features stores sss's own log-mel, but model.audio_encoder={encoder} computes the log-mel its "
             "weights were trained on, on the device: remove data.cache (or set data.cache=null)"
         )
+    if "streaming" in params:  # ManifestDataModule's record layouts (sss.data.record_setup)
+        from sss.data.record_setup import check_record_options
+
+        get = lambda name: config.data.get(name, params[name].default)  # noqa: E731
+        try:
+            check_record_options(get("layout"), get("streaming"), get("columns"), get("cache"))
+        except ConfigError as err:
+            problems.append(str(err))
     return problems
 
 

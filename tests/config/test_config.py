@@ -172,9 +172,10 @@ def test_the_literal_annotations_list_the_same_choices_as_the_runtime_checks():
     from sss.data import IndustrialDataModule, ManifestDataModule
     from sss.data.layouts import LAYOUTS
     from sss.data.manifest import ON_ERROR
+    from sss.data.record_setup import RECORD_LAYOUTS
 
     hints = typing.get_type_hints(ManifestDataModule.__init__, include_extras=True)
-    assert typing.get_args(hints["layout"]) == tuple(LAYOUTS)
+    assert typing.get_args(hints["layout"]) == (*LAYOUTS, *RECORD_LAYOUTS)
     assert typing.get_args(hints["on_error"]) == tuple(ON_ERROR)
     industrial = typing.get_type_hints(IndustrialDataModule.__init__, include_extras=True)
     assert industrial["cache"] == hints["cache"]

@@ -225,3 +225,31 @@ def test_an_undecodable_wav_stops_the_ray_run_at_once_with_its_line_despite_max_
         run.join(timeout=300)  # restarted forever without the fix: Ray's instance ends with the module
     assert codes == [1], "the Ray run was still restarting after 300 s"
     assert capsys.readouterr().err == alone  # that line, once, and its exit code
+
+
+@pytest.mark.slow
+def test_ray_workers_read_their_share_of_tar_shards_as_two_accelerate_processes_do(ray_instance, monkeypatch):
+    import accelerate.commands.config
+
+    from sss.data.shards import pack
+    from sss.data.synthetic import make_industrial
+
+    monkeypatch.chdir(ray_instance)  # the workers start in the driver's working directory
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(accelerate.commands.config, "default_config_file", str(ray_instance / "no_accelerate.yaml"))
+    src = make_industrial(Path("ind-src"), n_train=40, n_val=8, n_test=0)
+    pack(src, "ind-shards", shard_size=6)  # 7 shards (the last of 4) for 2 processes x 2 workers
+    run = [
+        "model.name=hunter_tiny",
+        f"data.root={Path('ind-shards').resolve()}",
+        "data.layout=shards",
+        "data.batch_size=4",
+        "trainer.max_epochs=2",
+        "trainer.log.progress=false",
+        "trainer.log.plots=false",
+    ]
+    assert main(["fit", MANIFEST, *run, "trainer.output_dir=ray-shards", "--engine", "ray", "--num-workers", "2"]) == 0
+    assert main(["fit", MANIFEST, *run, "trainer.output_dir=acc-shards", "--num-processes", "2"]) == 0
+    ray_run, launched = (json.loads(Path(f"{d}/results.json").read_text()) for d in ("ray-shards", "acc-shards"))
+    assert ray_run["global_step"] == launched["global_step"] == 12  # 10 samples a reader: 6 batches a process, epoch
+    assert _equal(_weights(Path("ray-shards")), _weights(Path("acc-shards"))), "Ray's weights differ"
