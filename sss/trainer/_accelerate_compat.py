@@ -266,8 +266,8 @@ def prepare_loader(accelerator: Accelerator, loader: Any) -> Any:
 
     Example:
         >>> from torch.utils.data import DataLoader
-        >>> prepare_loader(Accelerator(cpu=True), DataLoader([1, 2, 3])).__class__.__name__
-        'DataLoaderShard'
+        >>> [batch.tolist() for batch in prepare_loader(Accelerator(cpu=True), DataLoader([1, 2, 3], batch_size=2))]
+        [[1, 2], [3]]
     """
     from sss.data.stream import splits_itself
 
