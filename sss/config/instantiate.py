@@ -9,7 +9,7 @@ import typing
 from typing import TYPE_CHECKING, Annotated, Any
 
 from sss.config.constraints import Bound, Ge, Le, Lt, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
-from sss.config.errors import ConfigError, both_warmups, workers_only
+from sss.config.errors import both_warmups, workers_only
 
 if TYPE_CHECKING:
     from sss.config.schema import SSSConfig
@@ -473,14 +473,11 @@ def _conflicts(config: SSSConfig) -> list[str]:
             f"data.cache=features stores sss's own log-mel, but model.audio_encoder={encoder} computes the log-mel its "
             "weights were trained on, on the device: remove data.cache (or set data.cache=null)"
         )
-    if "streaming" in params:  # ManifestDataModule's record layouts (sss.data.record_setup)
-        from sss.data.record_setup import check_record_options
-
-        get = lambda name: config.data.get(name, params[name].default)  # noqa: E731
-        try:
-            check_record_options(get("layout"), get("streaming"), get("columns"), get("cache"))
-        except ConfigError as err:
-            problems.append(str(err))
+    # A data module's own rules across its keys (ManifestDataModule: the record layouts' options), named by a hook
+    # on its class, so this layer imports no data code: `config_problems(**arguments) -> list[str]`.
+    hook = getattr(_target(config.data), "config_problems", None)
+    if callable(hook):
+        problems += hook(**{name: config.data.get(name, p.default) for name, p in params.items() if name != "self"})
     return problems
 
 
@@ -488,11 +485,19 @@ OWN_FRONTENDS = ("hf", "cnn14", "cnn10", "cnn6")
 """Audio encoders whose front-end is bound to their pretrained weights (so sss's feature cache cannot feed them)."""
 
 
+def _target(spec: Any) -> Any:
+    # A spec's target, or None when it has none that imports (reported elsewhere).
+    try:
+        return resolve_target(spec["_target_"])
+    except (ImportError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _parameters(spec: Any) -> typing.Mapping[str, inspect.Parameter]:
     # The named parameters of a spec's target; none when it has no target that imports (reported elsewhere).
     try:
-        return inspect.signature(resolve_target(spec["_target_"])).parameters
-    except (ImportError, KeyError, TypeError, ValueError):
+        return inspect.signature(_target(spec)).parameters
+    except (TypeError, ValueError):
         return {}
 
 

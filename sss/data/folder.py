@@ -8,7 +8,6 @@ cache and builds the loaders.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import uuid
 from pathlib import Path
@@ -25,14 +24,17 @@ from sss.data._paths import RootRule, not_regular
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
 from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
-from sss.data.record_setup import RECORD_LAYOUTS, check_record_options, record_classes, setup_records, stream_dataset
+from sss.data.record_setup import (
+    MIN_INFERRED_CLIP_SECONDS,
+    RECORD_LAYOUTS,
+    check_record_options,
+    median_clip_seconds,
+    record_classes,
+    setup_records,
+    stream_dataset,
+)
 
-__all__ = ["ManifestDataModule", "loader_options", "median_clip_seconds"]
-
-MIN_INFERRED_CLIP_SECONDS = 0.025
-"""The shortest clip length `setup` infers: one analysis window of the log-mel front-end (25 ms).
-Typical clips shorter than that hold no usable sound, so the inference would only produce a
-0-sample tensor (clips under 5 ms rounded to 0 s) that fails later, inside the model."""
+__all__ = ["MIN_INFERRED_CLIP_SECONDS", "ManifestDataModule", "loader_options", "median_clip_seconds"]
 
 
 class ManifestDataModule(DataModule):
@@ -158,6 +160,20 @@ class ManifestDataModule(DataModule):
                 self.classes = _default_classes(self.root, found, allow_outside_root) if found is not None else []
             except DataError:
                 pass  # reported by setup, with the full context
+
+    @staticmethod
+    def config_problems(**arguments: object) -> list[str]:
+        """What `sss check` refuses in these arguments together (the record layouts' options), before any data is read.
+
+        Example:
+            >>> ManifestDataModule.config_problems(layout="manifest", streaming=True, columns=None, cache=None)
+            ['data.streaming=true reads data.layout=hf as a stream (data.layout=shards always streams); ...']
+        """
+        try:
+            check_record_options(*(arguments.get(k) for k in ("layout", "streaming", "columns", "cache")))
+        except ConfigError as err:
+            return [str(err)]
+        return []
 
     def setup(self, stage: str) -> None:
         """Read and check the splits present (``train`` is required for ``"fit"``), infer settings, print them."""
@@ -428,24 +444,3 @@ def _infer_clip_seconds(root: Path, found: SplitRows, allow_outside_root: bool =
         except (RuntimeError, OSError, ValueError, ZeroDivisionError):
             continue  # bad files are reported when their row is checked or loaded
     return median_clip_seconds(durations, found.source)
-
-
-def median_clip_seconds(durations: list[float], source: str) -> float:
-    """The median of the positive `durations`, rounded to 10 ms (1.0 when none); `source` names them in the error.
-
-    Example:
-        >>> median_clip_seconds([0.5, 1.004, 2.0, 0.0], "train.csv")
-        1.0
-    """
-    positive = [d for d in durations if d > 0]
-    if not positive:
-        return 1.0
-    median = statistics.median(positive)
-    if median < MIN_INFERRED_CLIP_SECONDS:
-        raise DataError(
-            f"{source}: cannot infer the clip length: the median duration of {len(positive)} audio file(s) "
-            f"is {median * 1000:.1f} ms, shorter than one {MIN_INFERRED_CLIP_SECONDS * 1000:g} ms analysis window; "
-            "set data.clip_seconds to the length every clip should be padded or cropped to (e.g. "
-            "data.clip_seconds=1.0), or check the files (a wrong sample rate in their headers?)"
-        )
-    return round(median, 2)

@@ -9,6 +9,7 @@ and workers. Everything else (classes, task, modalities, clip length, messages) 
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 from sss.config.errors import ConfigError
@@ -17,7 +18,20 @@ from sss.data.layouts import SPLITS
 from sss.data.records import RecordDecoder, Source, SourceDataset
 from sss.data.stream import StreamDataset
 
-__all__ = ["RECORD_LAYOUTS", "check_record_options", "record_classes", "setup_records", "stream_dataset"]
+__all__ = [
+    "MIN_INFERRED_CLIP_SECONDS",
+    "RECORD_LAYOUTS",
+    "check_record_options",
+    "median_clip_seconds",
+    "record_classes",
+    "setup_records",
+    "stream_dataset",
+]
+
+MIN_INFERRED_CLIP_SECONDS = 0.025
+"""The shortest clip length `setup` infers: one analysis window of the log-mel front-end (25 ms).
+Typical clips shorter than that hold no usable sound, so the inference would only produce a
+0-sample tensor (clips under 5 ms rounded to 0 s) that fails later, inside the model."""
 
 RECORD_LAYOUTS = ("shards", "hf")
 """Layouts whose samples are records (bytes in shards or tables), not files named by a manifest."""
@@ -85,8 +99,6 @@ def setup_records(dm: Any, stage: str) -> None:
     first = next(iter(sources.values()))
     inferred = dm.clip_seconds is None
     if inferred:
-        from sss.data.folder import median_clip_seconds
-
         durations = first.durations() if "audio" in first.modalities else []
         dm.clip_seconds = median_clip_seconds(durations, first.where)
     for split, source in sources.items():
@@ -139,3 +151,24 @@ def stream_dataset(dm: Any) -> StreamDataset:
         on_error=dm.on_error,
         skip_log=dm.skip_log,
     )
+
+
+def median_clip_seconds(durations: list[float], source: str) -> float:
+    """The median of the positive `durations`, rounded to 10 ms (1.0 when none); `source` names them in the error.
+
+    Example:
+        >>> median_clip_seconds([0.5, 1.004, 2.0, 0.0], "train.csv")
+        1.0
+    """
+    positive = [d for d in durations if d > 0]
+    if not positive:
+        return 1.0
+    median = statistics.median(positive)
+    if median < MIN_INFERRED_CLIP_SECONDS:
+        raise DataError(
+            f"{source}: cannot infer the clip length: the median duration of {len(positive)} audio file(s) "
+            f"is {median * 1000:.1f} ms, shorter than one {MIN_INFERRED_CLIP_SECONDS * 1000:g} ms analysis window; "
+            "set data.clip_seconds to the length every clip should be padded or cropped to (e.g. "
+            "data.clip_seconds=1.0), or check the files (a wrong sample rate in their headers?)"
+        )
+    return round(median, 2)
