@@ -1,0 +1,59 @@
+"""`ManifestDataModule` on `data.layout: shards | hf`: splits, summary, loaders, and the options `sss check` refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sss.cli import main
+from sss.data import ManifestDataModule, make_industrial
+from sss.data.records import SourceDataset
+from sss.data.shards import pack
+from sss.data.stream import StreamDataset
+from sss.testing import hub_parquet
+
+EXAMPLE = str(Path(__file__).parents[2] / "examples" / "manifest.yaml")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("records")
+    src = make_industrial(base / "ind", n_train=16, n_val=8, n_test=0, image_size=32)
+    pack(src, base / "shards", shard_size=4)
+    hub_parquet(src, base / "hub", files=2, row_group=4)
+    return src, base / "shards", base / "hub"
+
+
+@pytest.mark.parametrize(("layout", "streaming"), [("shards", False), ("hf", True), ("hf", False)])
+def test_record_layouts_give_the_manifests_batches(folders, layout, streaming, capsys):
+    src, shards, hub = folders
+    dm = ManifestDataModule(shards if layout == "shards" else hub, layout=layout, streaming=streaming, batch_size=4)
+    assert dm.classes == ["idle", "fault", "passerby", "collision"]  # before setup, from the index or the footers
+    dm.setup("fit")
+    assert f"({layout}): 4 classes (multiclass), image+audio" in capsys.readouterr().out
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    assert isinstance(train.dataset, StreamDataset if layout == "shards" or streaming else SourceDataset)
+    assert isinstance(val.dataset, SourceDataset)  # evaluation stays map-style: Accelerate pads and de-duplicates
+    reference = ManifestDataModule(src, batch_size=4, augment=False)
+    reference.setup("fit")
+    got, want = next(iter(val)), next(iter(reference.val_dataloader()))
+    for key in ("image", "audio", "label"):  # the same decoders: the same tensors
+        assert (got[key] == want[key]).all(), key
+    assert sorted(i for b in train for i in b["index"].tolist()) == list(range(16))
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (["data.streaming=true"], "data.streaming=true reads data.layout=hf as a stream"),
+        (["data.layout=shards", "data.cache=features"], "data.cache=features stores a manifest's decoded files"),
+        (["data.layout=shards", "data.columns={audio: wav}"], "data.columns maps the columns of data.layout=hf"),
+        (["data.layout=hf", "data.columns=[wav]"], "data.columns: expected a mapping (key: value) or null"),
+        (["data.layout=hf", "data.columns={audio: [1]}"], "data.columns: entry 'audio': [1] is not a string"),
+        (["data.layout=tar"], "data.layout: must be one of"),
+    ],
+)
+def test_sss_check_refuses_record_options_that_do_not_fit_naming_the_key(words, message, capsys):
+    assert main(["check", EXAMPLE, "data.root=/nowhere", *words]) == 2
+    assert message in capsys.readouterr().err
