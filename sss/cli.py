@@ -117,7 +117,7 @@ COMMANDS: dict[str, Command] = {
         "lr, then CONFIG (YAML), then overrides",
         "sss tune lr CONFIG [key=value ...] [--steps N] [--min-lr A] [--max-lr B] [--apply] [--num-processes N]",
     ),
-    "data": Command(commands.data),
+    "data": Command(commands.data, options={"kind": {"metavar": "industrial|SRC"}, "out": {"metavar": "OUT"}}),
     "convert": Command(commands.convert),
 }
 """The subcommands, in the order ``sss --help`` lists them."""
