@@ -57,3 +57,54 @@ def test_record_layouts_give_the_manifests_batches(folders, layout, streaming, c
 def test_sss_check_refuses_record_options_that_do_not_fit_naming_the_key(words, message, capsys):
     assert main(["check", EXAMPLE, "data.root=/nowhere", *words]) == 2
     assert message in capsys.readouterr().err
+
+
+def _corrupt_member(root: Path) -> str:
+    import json
+
+    index = json.loads((root / "shards.json").read_text())
+    shard = index["splits"]["train"]["shards"][1]
+    offset, size, _ = shard["index"][2]["members"]["wav"]
+    path = root / shard["file"]
+    data = bytearray(path.read_bytes())
+    data[offset + size // 2] ^= 0xFF  # one flipped byte inside the clip's data
+    path.write_bytes(bytes(data))
+    return shard["file"]
+
+
+def _damage(kind: str, tmp_path: Path, folders) -> tuple[dict, str]:
+    import shutil
+
+    _, shards, hub = folders
+    if kind == "hub":
+        root = shutil.copytree(hub, tmp_path / "hub")
+        part = root / "data" / "train-00001-of-00002.parquet"
+        part.write_bytes(part.read_bytes()[:-40])  # the footer cut off: a download that stopped
+        return {"root": root, "layout": "hf", "streaming": True}, "train-00001-of-00002.parquet"
+    root = shutil.copytree(shards, tmp_path / "shards")
+    if kind == "missing":
+        (root / "train-000002.tar").unlink()
+        return {"root": root, "layout": "shards"}, "train-000002.tar: is missing"
+    return {"root": root, "layout": "shards"}, f"{_corrupt_member(root)}, sample 2"
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "missing", "hub"])
+def test_a_corrupt_member_a_missing_shard_and_a_truncated_parquet_raise_or_are_skipped(kind, folders, tmp_path):
+    from sss import SSSTrainer
+    from sss.data.errors import DataError
+    from sss.models import create_model
+
+    settings, names = _damage(kind, tmp_path, folders)
+
+    def fit(on_error: str) -> ManifestDataModule:
+        dm = ManifestDataModule(**settings, batch_size=4, image_size=32, on_error=on_error)
+        trainer = SSSTrainer(
+            max_epochs=1, cpu=True, log={"progress": False, "trackers": []}, output_dir=str(tmp_path / "r")
+        )
+        trainer.fit(create_model("hunter_tiny", num_classes=4), dm)
+        return dm
+
+    with pytest.raises(DataError, match=names.replace(".", r"\.")):
+        fit("raise")
+    skipped = fit("skip").skipped
+    assert len(skipped) == 1 and names.split(":")[0].split(",")[0] in skipped[0]["file"], skipped
