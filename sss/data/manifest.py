@@ -46,6 +46,7 @@ from sss.data._decode import (
 from sss.data._paths import RootRule, not_regular
 from sss.data._skiplog import SkipLog
 from sss.data.layouts import SplitRows, read_split
+from sss.data.records import next_good, seeded
 
 __all__ = [
     "IMAGENET",
@@ -72,20 +73,6 @@ def _read_names(path: Path, rule: RootRule) -> list[str]:
     if duplicates:
         raise DataError(f"{path}: duplicate class name(s) {', '.join(duplicates)}; each name must appear once")
     return names
-
-
-class _SeededDraws:
-    """Run a block with the CPU RNG seeded by `seed`, then give the caller's RNG state back untouched."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __enter__(self) -> None:
-        self._saved = torch.get_rng_state()
-        torch.default_generator.manual_seed(self.seed)  # the CPU generator only: CUDA's is not ours
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_rng_state(self._saved)
 
 
 class ManifestDataset(Dataset[dict[str, Any]]):
@@ -348,8 +335,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         self._epoch.fill_(epoch)
 
     def _rng(self, key: int) -> Any:
-        mixed = (self.seed * 0x9E3779B1 + int(self._epoch) * 0x85EBCA77 + key) % (2**63 - 1)
-        return _SeededDraws(mixed)
+        return seeded(self.seed, int(self._epoch), key)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         with single_thread(), self._rng(index):
@@ -418,16 +404,11 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     def _get(self, index: int) -> dict[str, Any]:
         if self.on_error == "raise":
             return self._load(index)
-        for attempt in range(len(self)):
-            row = (index + attempt) % len(self)
-            if row in self._bad:
-                continue
-            try:
-                return self._load(row)
-            except DataError as err:
-                self._bad.add(row)
-                self.skip_log.record(self.source, self.lines[row], err.file, err.reason or str(err))
-        raise DataError(f"{self.source}: every row failed to load; see the skipped rows in {self.skip_log.path}")
+        skipped = lambda row, err: self.skip_log.record(self.source, self.lines[row], err.file, err.reason or str(err))  # noqa: E731
+        item = next_good(index, len(self), self._bad, self._load, skipped)
+        if item is None:
+            raise DataError(f"{self.source}: every row failed to load; see the skipped rows in {self.skip_log.path}")
+        return item
 
     def _load(self, index: int) -> dict[str, Any]:
         item: dict[str, Any] = {}

@@ -17,7 +17,7 @@ import abc
 import bisect
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "Shard",
     "Source",
     "SourceDataset",
+    "next_good",
     "record_error",
     "sample_where",
     "seeded",
@@ -286,6 +287,36 @@ class RecordDecoder:
         return {"label": torch.tensor(int(target))}  # type: ignore[arg-type]
 
 
+def next_good(
+    index: int, count: int, bad: set[int], load: Callable[[int], Any], skipped: Callable[[int, DataError], None]
+) -> Any:
+    """``load(row)`` of the first row from `index` on (wrapping round) that loads, or None when none does.
+
+    Under ``on_error="skip"`` a bad row gives way to the next good one, so batch shapes and counts never change:
+    a row whose load raises `DataError` joins `bad` (never tried again) and is handed to `skipped`.
+
+    Example:
+        >>> bad = set()
+        >>> def load(row):
+        ...     if row == 1:
+        ...         raise DataError("broken")
+        ...     return row
+        >>> next_good(1, 3, bad, load, lambda row, err: print("skipped", row, err)), bad
+        skipped 1 broken
+        (2, {1})
+    """
+    for attempt in range(count):
+        row = (index + attempt) % count
+        if row in bad:
+            continue
+        try:
+            return load(row)
+        except DataError as err:
+            bad.add(row)
+            skipped(row, err)
+    return None
+
+
 def skip_record(log: SkipLog, err: DataError, where: str, index: int) -> None:
     """Log a skipped sample: its file and row when the error names them, else the dataset and sample index."""
     file = getattr(err, "file", "") or where
@@ -372,18 +403,13 @@ class SourceDataset(Dataset[dict[str, Any]]):
         with single_thread():
             if self.on_error == "raise":
                 return self._load(index)
-            for attempt in range(len(self)):
-                row = (index + attempt) % len(self)
-                if row in self._bad:
-                    continue
-                try:
-                    return self._load(row)
-                except DataError as err:
-                    self._bad.add(row)
-                    skip_record(self.skip_log, err, self.source.where, row)
-        raise DataError(
-            f"{self.source.where}: every sample failed to load; see the skipped ones in {self.skip_log.path}"
-        )
+            skipped = lambda row, err: skip_record(self.skip_log, err, self.source.where, row)  # noqa: E731
+            item = next_good(index, len(self), self._bad, self._load, skipped)
+        if item is None:
+            raise DataError(
+                f"{self.source.where}: every sample failed to load; see the skipped ones in {self.skip_log.path}"
+            )
+        return item
 
     def _load(self, index: int) -> dict[str, Any]:
         record = self.record(index)
