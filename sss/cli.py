@@ -107,7 +107,7 @@ COMMANDS: dict[str, Command] = {
         ("model_dir",),
         "MODEL_DIR key=value",
         "MODEL_DIR: a model folder (OUTPUT_DIR/model, or one written by sss export); then overrides",
-        "sss predict MODEL_DIR --input MANIFEST --output CSV [model.KEY=VALUE ...] "
+        "sss predict MODEL_DIR --input MANIFEST|SHARDS[:SPLIT]|HF_DATASET[:SPLIT] --output CSV [model.KEY=VALUE ...] "
         "[data.allow_outside_root=true] [data.on_error=skip] [--trust-code] [--runtime onnx]",
     ),
     "tune": Command(

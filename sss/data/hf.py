@@ -38,7 +38,7 @@ from sss.data.records import Record, Shard, Source, record_error
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["SPLIT_NAMES", "HFSource", "open_hf"]
+__all__ = ["SPLIT_NAMES", "HFSource", "locate", "open_hf"]
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid", "dev"), "test": ("test",)}
 """The Hugging Face split names each sss split is read from: the first one present."""
@@ -207,7 +207,7 @@ def open_hf(
         raise ValueError(f"on_error must be raise or skip, got {on_error!r}")
     if split not in SPLIT_NAMES:
         raise ValueError(f"split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
-    where, kind, files = _locate(root)
+    where, kind, files = locate(root)
     name = next((n for n in SPLIT_NAMES[split] if files.get(n)), None)
     if name is None:
         return None
@@ -230,8 +230,23 @@ def open_hf(
 # --- where the files are ------------------------------------------------------------------------------------
 
 
-def _locate(root: str | os.PathLike[str]) -> tuple[str, str, dict[str, list[str]]]:
-    """(where, kind, HF split name -> files) of a saved folder, a Parquet folder or a cached dataset id."""
+def locate(root: str | os.PathLike[str]) -> tuple[str, str, dict[str, list[str]]]:
+    """(where, kind, HF split name -> files) of a saved folder, a Parquet folder or a cached dataset id.
+
+    Reads no data and never downloads; `sss predict` uses it to tell a Hugging Face dataset from other inputs.
+
+    Raises:
+        DataError: `root` holds no dataset (the message lists what was looked for), or an id is not cached.
+
+    Example:
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     os.makedirs(f"{tmp}/data")
+        ...     pq.write_table(pa.table({"wav": [b"RIFF"]}), f"{tmp}/data/train-00000-of-00001.parquet")
+        ...     where, kind, files = locate(tmp)
+        ...     kind, {split: [os.path.basename(f) for f in names] for split, names in files.items() if names}
+        ('parquet', {'train': ['train-00000-of-00001.parquet']})
+    """
     path, text = Path(root), str(root)
     if path.is_dir():
         kind, files = _saved(path) or ("parquet", _parquet_files(path))

@@ -198,14 +198,16 @@ def predict(
     runtime: Literal["torch", "onnx"] = "torch",
     trust_code: bool = False,
 ) -> int:
-    """Write per-sample predictions with class probabilities of MODEL_DIR for the rows of a manifest.
+    """Write per-sample predictions with class probabilities of MODEL_DIR for a manifest, shards or a HF dataset.
 
     Overrides: model.KEY=VALUE rebuilds the folder's model with a changed setting (it must still fit
     the weights); data.allow_outside_root=true accepts manifest paths outside the manifest's folder;
-    data.on_error=skip leaves out rows whose files do not read (listed in <output stem>.skipped.csv).
+    data.on_error=skip leaves out samples that do not read (listed in <output stem>.skipped.csv).
 
     Args:
-        input: manifest CSV/JSONL with image and/or audio columns
+        input: manifest CSV/JSONL with image and/or audio columns; or a folder written by sss data pack, or a
+            Hugging Face dataset (save_to_disk folder, Hub Parquet folder, cached id owner/name), with :SPLIT
+            (IN:val) or without (the first of test, val, train it has)
         output: CSV to write (must not exist)
         runtime: onnx: run the folder's model.onnx with onnxruntime (sss export ... --format onnx; the onnx extra)
         trust_code: build a model whose config.yaml names code outside sss (imports and runs it: trusted folders

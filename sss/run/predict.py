@@ -1,15 +1,17 @@
-"""``sss predict``: per-sample predictions of a model folder for the rows of a manifest."""
+"""``sss predict``: per-sample predictions of a model folder for a manifest, a shards folder or a HF dataset."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import os
+import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -27,10 +29,16 @@ from sss.model_folder import (
     untrusted_targets,
 )
 
+if TYPE_CHECKING:
+    from sss.data.manifest import SkipLog
+    from sss.data.records import Record, RecordDecoder
+
 __all__ = ["PredictStopped", "predict"]
 
 INPUT_OVERRIDES = ("data.allow_outside_root", "data.on_error")
-"""The ``data.*`` overrides that apply to reading the input manifest; every ``model.*`` one rebuilds the model."""
+"""The ``data.*`` overrides that apply to reading the input; every ``model.*`` one rebuilds the model."""
+DEFAULT_SPLITS = ("test", "val", "train")
+"""The split a shards folder or Hugging Face dataset is predicted on when ``--input`` names none: the first present."""
 
 
 def predict(
@@ -43,31 +51,34 @@ def predict(
     overrides: list[str] | tuple[str, ...] = (),
     runtime: str = "torch",
 ) -> Path:
-    """Write per-sample predictions with class probabilities for the rows of `manifest` to `output` (CSV).
+    """Write per-sample predictions with class probabilities for the samples of `manifest` to `output` (CSV).
 
-    The model is built with `sss.load_model`: a folder whose config names code outside sss's
-    registered models raises `sss.model_folder.UntrustedCodeError` before anything is imported,
-    unless `trust_code` (``sss predict --trust-code``). `overrides` (``key=value``) are merged over
-    the folder's ``config.yaml``: ``model.*`` ones rebuild the model with a changed setting (the
-    weights must still fit it; the allowlist applies to the result);
-    ``data.allow_outside_root=true`` accepts manifest paths that leave the manifest's folder, and
-    ``data.on_error=skip`` leaves out rows whose files do not read (no prediction row; they are
-    listed in ``<output stem>.skipped.csv``). Any other override changes nothing here and is
-    refused, naming it.
+    `manifest` (``--input``) is one of
+    - a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns, paths relative to its
+      folder; labels optional). Columns: ``row`` (the manifest line), the input paths ``image``, ``audio``;
+    - a folder written by ``sss data pack`` (it has ``shards.json``), or a Hugging Face dataset: a
+      ``save_to_disk`` folder, Parquet in the Hub's layout, or a dataset id in the local cache
+      (`sss.data.hf.open_hf`), optionally followed by ``:SPLIT`` (``OUT:val``); without it the first of test,
+      val, train present, printed. Labels optional. Columns: ``sample`` (the index in the split), ``file``
+      (the shard or Parquet / Arrow file, relative to the folder) and ``key`` (the sample's key).
+    Then ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one ``prob_<class>``
+    per class. Inputs are decoded as in evaluation, with the model folder's ``preprocessing.json``.
 
-    `manifest` is a CSV or JSONL file like a training split (``image`` and/or ``audio`` columns,
-    paths relative to its folder; labels optional). Inputs are decoded as in evaluation, with the
-    model folder's ``preprocessing.json``. Columns: ``row`` (the manifest line), the input paths,
-    ``prediction`` (the top class, or ``;``-joined classes over 0.5 for multi-label) and one
-    ``prob_<class>`` per class. The rows go to ``<output>.partial``, which takes the name `output` only
-    when complete: a failed or stopped predict (an error, Ctrl-C, SIGTERM, SIGHUP: `PredictStopped`)
-    removes it and leaves no `output`; a full or read-only disk names the output folder.
+    The model is built with `sss.load_model`: a folder whose config names code outside sss's registered models
+    raises `sss.model_folder.UntrustedCodeError` before anything is imported, unless `trust_code`
+    (``--trust-code``). `overrides` (``key=value``) are merged over the folder's ``config.yaml``: ``model.*``
+    ones rebuild the model with a changed setting (the weights must still fit it; the allowlist applies to the
+    result); ``data.allow_outside_root=true`` accepts manifest paths that leave the manifest's folder, and
+    ``data.on_error=skip`` leaves out samples (and shard files) that do not read (no prediction row; they are
+    listed in ``<output stem>.skipped.csv``). Any other override changes nothing here and is refused, naming it.
 
-    ``runtime="onnx"`` runs the folder's ``model.onnx`` (``sss export ... --format onnx``) with
-    onnxruntime instead of building the PyTorch module (`sss.onnx_export.OnnxRunner`; CUDA when
-    `device` is ``cuda`` and onnxruntime-gpu is installed); the same CSV. It takes no ``model.*`` override.
+    The rows go to ``<output>.partial``, which takes the name `output` only when complete: a failed or stopped
+    predict (an error, Ctrl-C, SIGTERM, SIGHUP: `PredictStopped`) removes it and leaves no `output`; a full or
+    read-only disk names the output folder. ``runtime="onnx"`` runs the folder's ``model.onnx`` (``sss export
+    ... --format onnx``) with onnxruntime instead of building the PyTorch module (`sss.onnx_export.OnnxRunner`;
+    CUDA when `device` is ``cuda`` and onnxruntime-gpu is installed); the same CSV. It takes no ``model.*`` override.
     """
-    model_dir, manifest, output = Path(model_dir), Path(manifest), Path(output)
+    model_dir, output = Path(model_dir), Path(output)
     if output.exists():
         raise FileExistsError(f"{output} already exists; choose another --output or remove it")
     require_complete(model_dir)  # a folder missing its preprocessing would predict with default decoding
@@ -79,14 +90,165 @@ def predict(
     skip_log = output.with_name(f"{output.stem}.skipped.csv")
     if reading.get("on_error") == "skip" and skip_log.exists():
         raise FileExistsError(f"{skip_log} already exists (the rows data.on_error=skip leaves out go there); remove it")
-    dataset = _dataset(manifest, prep, reading, skip_log)
+    dataset, columns = _input(str(manifest), prep, reading, skip_log)
     classes = prep.get("classes") or dataset.classes
     multilabel = prep.get("task") == "multilabel"
     with _partial_file(output) as f:
-        _write_rows(f, module, dataset, batch_size, device, classes, multilabel, manifest.parent)
+        _write_rows(f, module, dataset, batch_size, device, classes, multilabel, columns)
     if skipped := dataset.skip_log.rows():
-        print(f"sss predict: {len(skipped)} row(s) of {manifest} could not be read and have no prediction: {skip_log}")
+        unreadable = f"{len(skipped)} {columns.unit} of {manifest} could not be read"
+        print(f"sss predict: {unreadable} and have no prediction: {skip_log}")
     return output
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The leading columns of a prediction row: which sample it is."""
+
+    header: list[str]
+    cells: Callable[[int, str], list[Any]]
+    """(the sample's index in the dataset, its record key) -> the cells under `header`."""
+    unit: str = "row(s)"
+    """What the skip line counts."""
+
+
+def _input(text: str, prep: dict[str, Any], reading: dict[str, Any], skip_log: Path) -> tuple[Any, _Columns]:
+    # The dataset of --input and how its rows are named: a shards folder or a HF dataset, else a manifest file.
+    records = _records(text, prep, reading, skip_log)
+    if records is not None:
+        return records
+    manifest = Path(text)
+    dataset = _dataset(manifest, prep, reading, skip_log)
+
+    def cells(index: int, key: str) -> list[Any]:
+        inputs = [_relative(getattr(dataset, name), index, manifest.parent) for name in ("images", "audio")]
+        return [dataset.lines[index], *inputs]
+
+    return dataset, _Columns(["row", "image", "audio"], cells)
+
+
+def _records(text: str, prep: dict[str, Any], reading: dict[str, Any], skip_log: Path) -> tuple[Any, _Columns] | None:
+    # A shards folder or HF dataset, read as sss fit reads a record split for evaluation; None: a manifest file.
+    from sss.data.errors import DataError
+    from sss.data.manifest import ImageNorm, SkipLog
+    from sss.data.records import RecordDecoder, SourceDataset
+
+    root, split = _split_suffix(text)
+    kind = _record_kind(root)
+    if kind is None:
+        if split is not None:
+            what = "a manifest file" if Path(root).is_file() else "not found"
+            raise DataError(
+                f"{root}: {what}; a split (:{split}) is read from a folder written by sss data pack or a Hugging Face "
+                "dataset (a manifest file is its own split: give it without :SPLIT)"
+            )
+        return None
+    on_error = reading.get("on_error", "raise")  # data.allow_outside_root: records name no files to leave a root by
+    log = SkipLog(skip_log)
+    source = _open_split(kind, root, split, prep.get("classes"), on_error, log)
+    settings = {key: prep[key] for key in SETTINGS if key in prep}
+    decoder = RecordDecoder.of(source, train=False, image_norm=ImageNorm.of(prep), **settings)
+    keyed: Any = _Keyed(decoder)  # the decoder's samples, plus their key
+    dataset = SourceDataset(source, keyed, on_error=on_error, skip_log=log)
+    files = [_shown(shard.path, Path(root)) for shard in source.shards]
+
+    def cells(index: int, key: str) -> list[Any]:
+        return [index, files[dataset.locate(index)[0]], key]
+
+    return dataset, _Columns(["sample", "file", "key"], cells, "sample(s) or file(s)")
+
+
+def _split_suffix(text: str) -> tuple[str, str | None]:
+    """``IN:SPLIT`` as (IN, SPLIT); an existing path (a ``:`` in its name) or a Windows drive is left whole.
+
+    Example:
+        >>> _split_suffix("OUT:val"), _split_suffix("owner/name"), _split_suffix(r"C:\\data\\test.csv")
+        (('OUT', 'val'), ('owner/name', None), ('C:\\\\data\\\\test.csv', None))
+    """
+    from sss.data.errors import DataError
+    from sss.data.layouts import SPLITS
+
+    head, colon, tail = text.rpartition(":")
+    if not colon or not re.fullmatch(r"\w+", tail) or Path(text).exists():
+        return text, None
+    if tail not in SPLITS:
+        raise DataError(f"{text}: unknown split {tail!r}; name one of {', '.join(SPLITS)} (IN:test)")
+    return head, tail
+
+
+def _record_kind(root: str) -> str | None:
+    """``"shards"`` (a folder with ``shards.json``), ``"hf"`` (a Hugging Face dataset) or None (a manifest file)."""
+    from sss.data.errors import DataError
+    from sss.data.hf import locate  # its own locating: folder layouts, a dataset id in the local Hub cache
+
+    path = Path(root)
+    if (path / "shards.json").is_file():
+        return "shards"
+    if path.is_file() or path.suffix.lower() in (".csv", ".jsonl", ".json"):
+        return None
+    try:
+        locate(root)  # reads no data; never downloads
+    except DataError as err:
+        if path.is_dir():
+            raise DataError(
+                f"{err}; nor shards.json (sss data pack); or give a manifest file ({root}/test.csv)"
+            ) from None
+        if path.parent.is_dir():
+            return None  # a manifest named by its stem (data/test for data/test.csv), as before
+        raise
+    return "hf"
+
+
+def _open_split(kind: str, root: str, split: str | None, classes: Any, on_error: str, log: SkipLog) -> Any:
+    """The `split` of a record dataset (None: the first of `DEFAULT_SPLITS` present), its choice printed."""
+    from sss.data.errors import DataError
+    from sss.data.hf import open_hf
+    from sss.data.layouts import SPLITS
+    from sss.data.shards import open_shards
+
+    def opened(name: str, on_error: str, log: SkipLog | None) -> Any:
+        if kind == "shards":
+            return open_shards(root, name, on_error=on_error, skip_log=log)
+        return open_hf(root, name, classes=classes, on_error=on_error, skip_log=log)  # labels: the model's classes
+
+    for name in [split] if split else DEFAULT_SPLITS:
+        source = opened(name, on_error, log)
+        if source is not None:
+            how = "" if split else f"; the first of {', '.join(DEFAULT_SPLITS)} it has: {root}:SPLIT picks one"
+            print(f"sss predict: split {name} of {root} ({len(source)} samples{how})", flush=True)
+            return source
+    present = [name for name in SPLITS if _has_split(opened, name)]
+    raise DataError(
+        f"{root}: no split {split or ' or '.join(DEFAULT_SPLITS)}; it has "
+        f"{', '.join(present) or 'none'}: name one as {root}:SPLIT"
+    )
+
+
+def _has_split(opened: Callable[[str, str, Any], Any], name: str) -> bool:
+    from sss.data.errors import DataError
+
+    try:
+        return opened(name, "raise", None) is not None
+    except DataError:
+        return True  # there, but damaged: named when it is the one asked for
+
+
+class _Keyed:
+    """A `RecordDecoder` whose samples also carry their record's key, for the ``key`` column."""
+
+    def __init__(self, decoder: RecordDecoder) -> None:
+        self.decoder, self.image_norm = decoder, decoder.image_norm
+
+    def __call__(self, record: Record, index: int) -> dict[str, Any]:
+        return {**self.decoder(record, index), "key": record.key}
+
+
+def _shown(path: str, root: Path) -> str:
+    """`path` relative to the dataset folder `root` when inside it (a cached id: the full path)."""
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return path
 
 
 def _dataset(manifest: Path, prep: dict[str, Any], reading: dict[str, Any], skip_log: Path) -> Any:
@@ -205,7 +367,7 @@ def _write_rows(
     device: str,
     classes: list[str] | None,
     multilabel: bool,
-    root: Path,
+    columns: _Columns,
 ) -> None:
     # Each batch's rows are written as they come, so memory stays flat over any number of rows (the
     # torch and the onnx runtime alike: both run predict_step here, not through SSSTrainer.predict).
@@ -217,6 +379,7 @@ def _write_rows(
     writer, last, names = csv.writer(file), -1, None
     with torch.no_grad():
         for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate)):
+            keys = batch.pop("key", None) or [""] * len(batch["index"])  # a record's key; not the model's input
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             logits = output_logits(module.predict_step(batch, i))
             if logits is None:
@@ -224,8 +387,8 @@ def _write_rows(
             probs = (logits.sigmoid() if multilabel else logits.softmax(-1)).float().cpu()
             if names is None:
                 names = classes or [str(k) for k in range(probs.shape[-1])]
-                writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in names)])
-            for index, p in zip(batch["index"].tolist(), probs, strict=True):
+                writer.writerow([*columns.header, "prediction", *(f"prob_{c}" for c in names)])
+            for index, key, p in zip(batch["index"].tolist(), keys, probs, strict=True):
                 # A skipped row is served as the next good one (wrapping to the first rows at the end),
                 # and the loader is in order: an index not above the last one written is such a repeat.
                 if index <= last:
@@ -236,11 +399,10 @@ def _write_rows(
                     if multilabel
                     else names[int(p.argmax())]
                 )
-                inputs = [_relative(getattr(dataset, key), index, root) for key in ("images", "audio")]
-                writer.writerow([dataset.lines[index], *inputs, top, *(f"{float(q):.6f}" for q in p)])
+                writer.writerow([*columns.cells(index, key), top, *(f"{float(q):.6f}" for q in p)])
             file.flush()  # each batch's rows are on disk before the next batch runs
     if names is None:  # no row read: the header, with the classes when the folder names them
-        writer.writerow(["row", "image", "audio", "prediction", *(f"prob_{c}" for c in classes or [])])
+        writer.writerow([*columns.header, "prediction", *(f"prob_{c}" for c in classes or [])])
 
 
 def _model(model_dir: Path, overrides: list[str], device: str, trust_code: bool) -> tuple[torch.nn.Module, dict]:
