@@ -84,7 +84,7 @@ def test_two_kills_then_resume_auto_end_bitwise_equal_to_the_straight_run(tmp_pa
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     _finish(straight, *words)
     _kill9_at(killed, "0:4", *words)  # step 5 of an epoch of 6: resumes from step 3, inside a window, worker 1 next
-    _kill9_at(killed, "0:5", *words)  # the epoch's last batch: resumes from step 6, the epoch boundary
+    _kill9_at(killed, "1:0", *words)  # the next epoch's first batch: resumes from step 6, the epoch boundary
     out = _finish(killed, *words)
     assert "using run/checkpoints/step_0000006" in out
     a, b = (load_file(str(d / "run" / "model" / "model.safetensors")) for d in (killed, straight))
