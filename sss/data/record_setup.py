@@ -66,6 +66,13 @@ def _open(dm: Any, split: str, classes: list[str] | None) -> Source | None:
         from sss.data.shards import open_shards
 
         return open_shards(dm.root, split, on_error=dm.on_error, skip_log=skip)
+    try:
+        import pyarrow  # noqa: F401 - what reads Parquet and Arrow: an optional extra
+    except ImportError:
+        raise ConfigError(
+            "data.layout=hf reads Parquet and Arrow files with pyarrow, which is not installed: "
+            "pip install 'shadow-sound-hunter[datasets]'"
+        ) from None
     from sss.data.hf import open_hf
 
     options = {"columns": dm.columns, "streaming": dm.streaming, "on_error": dm.on_error, "skip_log": skip}

@@ -108,3 +108,13 @@ def test_a_corrupt_member_a_missing_shard_and_a_truncated_parquet_raise_or_are_s
         fit("raise")
     skipped = fit("skip").skipped
     assert len(skipped) == 1 and names.split(":")[0].split(",")[0] in skipped[0]["file"], skipped
+
+
+def test_hf_without_pyarrow_says_which_extra_to_install(folders, monkeypatch):
+    import sys
+
+    from sss.config.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as in an install without the datasets extra
+    with pytest.raises(ConfigError, match=r"pip install 'shadow-sound-hunter\[datasets\]'"):
+        ManifestDataModule(folders[2], layout="hf").setup("fit")
