@@ -46,7 +46,7 @@ class KeyRule:
 
     key: str
     kind: str
-    """``float`` (any floating dtype) or ``int`` (any integer dtype, not bool)."""
+    """``float`` (any floating dtype), ``int`` (any integer dtype, not bool) or ``bool``."""
     shapes: tuple[tuple[int | str, ...], ...]
     must: str
     """What the key must be, as the message says it, e.g. ``RGB float [B, 3, H, W]``."""
@@ -156,6 +156,16 @@ BATCH_KEYS: tuple[KeyRule, ...] = (
         "the dataset row indices int64 [B]",
         "return the row index as an int per sample, and put other ids under another key",
     ),
+    *(
+        KeyRule(
+            f"{modality}_present",
+            "bool",
+            (("B",),),
+            f"a bool presence mask [B] (False: the sample has no {modality})",
+            f"return {modality}_present=True/False per sample, with a zero placeholder {modality} where it is False",
+        )
+        for modality in ("image", "audio")
+    ),
 )
 """The known batch keys (``docs/data.md``, "The batch"); any other key passes unchecked."""
 
@@ -215,7 +225,8 @@ def _check_key(rule: KeyRule, value: Any, where: str) -> None:
         raise BatchFormatError(
             f"{where}'s '{rule.key}' is a {type(value).__name__}, not a tensor; it must be {rule.must}: {rule.fix}"
         )
-    kind_ok = value.is_floating_point() if rule.kind == "float" else _integer(value)
+    kinds = {"float": Tensor.is_floating_point, "int": _integer, "bool": lambda t: t.dtype == torch.bool}
+    kind_ok = kinds[rule.kind](value)
     if kind_ok and any(_fits(value.shape, shape) for shape in rule.shapes):
         return
     got = f"{str(value.dtype).removeprefix('torch.')} [{', '.join(map(str, value.shape))}]"

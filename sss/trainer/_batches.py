@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["batch_size", "first_batches", "own_buffer_storage", "split_batch", "step_loss", "zeroed"]
+__all__ = ["batch_size", "first_batches", "own_buffer_storage", "split_batch", "step_loss"]
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -98,23 +98,3 @@ def step_loss(out: Any) -> Tensor:
     if not isinstance(loss, Tensor):
         raise TypeError(f"training_step must return the loss tensor (or a dict with 'loss'), got {type(out)}")
     return loss
-
-
-def zeroed(batch: Any, key: Any) -> Any:
-    """`batch` with the input `key` replaced by zeros: the modality ablation.
-
-    A key the batch lacks raises a KeyError rather than silently ablating nothing.
-
-    Example:
-        >>> zeroed({"image": torch.ones(2), "audio": torch.ones(2)}, "image")["image"].tolist()
-        [0.0, 0.0]
-    """
-    if isinstance(batch, (list, tuple)) and isinstance(key, int) and -len(batch) <= key < len(batch):
-        return type(batch)(torch.zeros_like(v) if i == key % len(batch) else v for i, v in enumerate(batch))
-    if not isinstance(batch, dict) or key not in batch:
-        keys = ", ".join(map(repr, batch)) if isinstance(batch, dict) else f"a {type(batch).__name__}"
-        raise KeyError(
-            f"the modality ablation zeroes {key!r}, which the evaluation batch lacks ({keys}): set the module's "
-            "modality_keys to the batch key of each modality, e.g. {'image': 'images', 'audio': 'audio'}"
-        )
-    return {**batch, key: torch.zeros_like(batch[key])}

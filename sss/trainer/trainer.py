@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import shutil
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ import sss.trainer._accelerate_compat as compat  # each Accelerate workaround, w
 from sss import checkpoint as ckpt_io
 from sss.callbacks.base import Callback, Event
 from sss.config import ConfigError, TrainerConfig
-from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss, zeroed
+from sss.data.presence import batch_edit
+from sss.trainer._batches import batch_size, first_batches, own_buffer_storage, split_batch, step_loss
 from sss.trainer._compile import compile_module
 from sss.trainer._dispatch import EMPTY as EMPTY_DISPATCH
 from sss.trainer._dispatch import DispatchTable
@@ -313,15 +314,16 @@ class SSSTrainer:
         dataloaders: Iterable[Any] | None = None,
         prefix: str = "val",
         zero: str | None = None,
+        missing: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """Evaluate on the validation data; metrics are named ``<prefix>/<name>``.
 
-        `zero` names a batch key (``"image"`` or ``"audio"``; the module's ``modality_keys`` say which
-        for other data) to replace by zeros: the modality ablation, which shows what the other
-        modality achieves alone. A key the batch lacks raises a KeyError rather than ablating nothing.
+        `zero` names a batch key to replace by zeros; `missing` (``{"image": 0.5}``) makes each modality absent in
+        that seeded fraction of the samples (`sss.data.presence.batch_edit`): the ablation and robustness passes.
         Values the module logs in ``validation_step`` (``self.log``) join the metrics as ``<prefix>/<name>``.
         """
-        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix, zero)
+        edit = batch_edit(module, zero=zero, missing=missing, seed=self.config.seed)
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "validate"), prefix, edit)
 
     def test(
         self,
@@ -331,9 +333,11 @@ class SSSTrainer:
         dataloaders: Iterable[Any] | None = None,
         prefix: str = "test",
         zero: str | None = None,
+        missing: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
-        """Evaluate on the test data; metrics are named ``<prefix>/<name>`` (see `validate` for `zero`)."""
-        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), prefix, zero)
+        """Evaluate on the test data; metrics are named ``<prefix>/<name>`` (see `validate` for `zero`, `missing`)."""
+        edit = batch_edit(module, zero=zero, missing=missing, seed=self.config.seed)
+        return self._evaluate(self._eval_loader(module, datamodule, dataloaders, "test"), prefix, edit)
 
     def predict(
         self,
@@ -382,12 +386,12 @@ class SSSTrainer:
         self._fire(Event.PREDICT_END)
         return kept if return_predictions else None
 
-    def _evaluate(self, loader: Any, prefix: str, zero: str | None = None) -> dict[str, float]:
+    def _evaluate(self, loader: Any, prefix: str, edit: Any = None) -> dict[str, float]:
         state = self.state
         previous, state.stage = state.stage, "test" if prefix.startswith("test") else "val"
         self._fire(Event.VALIDATION_START)
         try:
-            metrics, outputs = self._eval_pass(loader, prefix, self.config.limit_val_batches, zero)
+            metrics, outputs = self._eval_pass(loader, prefix, self.config.limit_val_batches, edit)
         except EvaluationStopped:  # a signal left the pass after a batch: nothing of it is kept
             state.stage, self.stop.during = previous, self.stop.during or "validation"
             raise
@@ -411,7 +415,7 @@ class SSSTrainer:
             raise
 
     def _eval_pass(
-        self, loader: Any, prefix: str, limit: int | None, zero: str | None = None, sanity: bool = False
+        self, loader: Any, prefix: str, limit: int | None, edit: Any = None, sanity: bool = False
     ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         """The one evaluation pass: `limit` batches through ``validation_step``, gathered, then `compute_metrics`.
 
@@ -429,8 +433,7 @@ class SSSTrainer:
                 for batch_idx, batch in enumerate(itertools.islice(loader, limit)):
                     if sanity and batch_idx == 0:
                         check_first_batch(batch, self.module, "validation")
-                    if zero is not None:
-                        batch = zeroed(batch, zero)
+                    batch = batch if edit is None else edit(batch)  # an ablation or robustness pass
                     outputs = self.accelerator.gather_for_metrics(self._validation_step(batch, batch_idx))
                     for key, value in outputs.items():
                         chunks.setdefault(key, []).append(torch.atleast_1d(value.detach()))
