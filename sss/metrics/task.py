@@ -92,9 +92,14 @@ def task_metrics(
     if scores is not None and "labels" in outputs:
         metrics |= multilabel_metrics(scores.float(), outputs["labels"].float(), class_names=class_names)
     if "event_probs" in outputs and "event_target" in outputs and "clip_seconds" in outputs:
-        metrics |= sed_metrics(outputs["event_probs"].float(), outputs["event_target"].float(), outputs["clip_seconds"])
+        keep = outputs.get("event_present")  # the clips without audio have no event predictions to score
+        events = [outputs[k] if keep is None else outputs[k][keep.bool()] for k in ("event_probs", "event_target")]
+        seconds = outputs["clip_seconds"] if keep is None else outputs["clip_seconds"][keep.bool()]
+        if len(seconds):
+            metrics |= sed_metrics(events[0].float(), events[1].float(), seconds)
     if "mask_counts" in outputs and _defined(outputs["mask_counts"]):
         metrics |= shadow_metrics(outputs["mask_counts"])
+    metrics |= _head_metrics(outputs)
     if select is not None:
         return {k: v for k, v in metrics.items() if any(fnmatch.fnmatchcase(k, pattern) for pattern in select)}
     many = scores is not None and scores.shape[-1] > PER_CLASS_UP_TO
@@ -106,3 +111,22 @@ def _defined(counts: Tensor) -> bool:
     # a small validation split) gets no BER rather than a failed evaluation.
     total = counts.sum(dim=0)
     return bool(total[0] + total[3] > 0 and total[1] + total[2] > 0)
+
+
+def _head_metrics(outputs: dict[str, Tensor]) -> dict[str, float]:
+    # Each unimodal head scored like the fused one, over the samples that have its modality, without
+    # per-class keys: ``image_head/accuracy``, ``audio_head/map``, ...
+    found: dict[str, float] = {}
+    for name in ("image", "audio"):
+        scores, present = outputs.get(f"{name}_head_scores"), outputs.get(f"{name}_head_present")
+        if scores is None or present is None or not bool(present.any()):
+            continue
+        keep = present.bool()
+        if "target" in outputs:
+            values = multiclass_metrics(scores[keep].float(), outputs["target"][keep].long())
+        elif "labels" in outputs:
+            values = multilabel_metrics(scores[keep].float(), outputs["labels"][keep].float())
+        else:
+            continue
+        found |= {f"{name}_head/{key}": value for key, value in values.items() if "/" not in key}
+    return found

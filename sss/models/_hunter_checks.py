@@ -15,8 +15,8 @@ __all__ = ["CHECKPOINTS", "LOSS_KEYS", "MIN_SAMPLE_RATE", "setting_problems"]
 CHECKPOINTS = ("backbone", "stages")
 """Names accepted by ``HunterModule(image_checkpointing=...)``."""
 
-LOSS_KEYS = ("label", "labels", "events", "mask")
-"""Batch targets `HunterModule.compute_loss` knows, and the keys of ``loss_weights``."""
+LOSS_KEYS = ("label", "labels", "events", "mask", "image_head", "audio_head")
+"""The losses `HunterModule.compute_loss` knows (the batch targets, the unimodal heads'): ``loss_weights``'s keys."""
 
 MIN_SAMPLE_RATE = 100
 """The lowest ``sample_rate`` the audio front-end takes: its hop is ``sample_rate // 100`` samples (10 ms) and its
@@ -50,10 +50,7 @@ def setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
                 f"front-end takes ({why}): give the audio's rate, e.g. 16000 (model.sample_rate)",
             )
         )
-    dropout = get("modality_dropout", 0.0)
-    if not 0.0 <= dropout <= 0.5:
-        why = "each modality is dropped with this probability and never both at once"
-        problems.append(("modality_dropout", f"modality_dropout={dropout} must be in [0, 0.5]: {why}"))
+    problems += _dropout_problems(get("modality_dropout", 0.0))
     modalities, fusion = list(get("modalities", ("image", "audio"))), get("fusion", "cross_attention")
     if not set(modalities) or set(modalities) - {"image", "audio"}:
         problems.append(("modalities", f"modalities={modalities} must be a non-empty subset of ['image', 'audio']"))
@@ -68,6 +65,27 @@ def setting_problems(settings: Mapping[str, Any]) -> list[tuple[str, str]]:
         )
     # The pretrained encoders' own rules: their front-end is bound to the weights (hf reads DIR's JSON files only).
     return problems + hf_setting_problems(settings) + panns_setting_problems(settings)
+
+
+def _dropout_problems(value: Any) -> list[tuple[str, str]]:
+    # A number is the rate of each modality (at most 0.5: never both), a mapping one rate per modality.
+    why = "one draw per sample marks its image absent with p, else its audio with q, never both: p + q <= 1"
+    if not isinstance(value, Mapping):
+        if 0.0 <= value <= 0.5:
+            return []
+        return [
+            ("modality_dropout", f"modality_dropout={value} must be in [0, 0.5] ({why}), or {{image: p, audio: q}}")
+        ]
+    unknown = sorted(set(value) - {"image", "audio"})
+    if unknown:
+        return [("modality_dropout", f"modality_dropout has unknown key(s) {unknown}; the keys are image and audio")]
+    rates = {key: value[key] for key in value}
+    bad = [key for key, rate in rates.items() if not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0]
+    if bad:
+        return [("modality_dropout", f"modality_dropout.{bad[0]}={rates[bad[0]]} must be a rate in [0, 1]")]
+    if sum(rates.values()) > 1.0:
+        return [("modality_dropout", f"modality_dropout={dict(rates)} sums to over 1: {why}")]
+    return []
 
 
 def _unknown_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -14,18 +14,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
+from sss.data.presence import PRESENT_KEYS, presence
 from sss.metrics.task import task_outputs
+from sss.models import _hunter_parts as parts
 from sss.models._hunter_checks import LOSS_KEYS, MIN_SAMPLE_RATE, setting_problems
-from sss.models.audio.frontend import LogMelFrontend
 from sss.models.base import TokenEncoder
 from sss.models.fusion.base import FusionHead
 from sss.models.heads import EventHead, MaskHead, resample_events, resize_mask
-from sss.models.registry import (
-    EncoderSettings,
-    build_encoder,
-    fusion_class,
-    register_model,
+from sss.models.missing import (
+    UnimodalHeads,
+    dense_loss,
+    drop_present,
+    dropout_rates,
+    encode_present,
+    head_losses,
+    head_outputs,
 )
+from sss.models.registry import build_encoder, register_model
 from sss.trainer.module import LitModule
 
 __all__ = [
@@ -91,11 +96,14 @@ class HunterModule(LitModule):
         num_event_classes: Classes of the frame-level sound-event head; 0 builds no event head.
         mask_head: Build the shadow-mask head on the image tokens.
         mask_upsample: Mask pixels per image token along each side.
-        modality_dropout: In training, the probability that a sample loses its image tokens, and
-            (separately, never both) that it loses its audio tokens; the lost tokens are zeroed.
-            At most 0.5; 0 disables. Only applies when both modalities are in the batch.
-        loss_weights: Weights of the task losses by target key (``label``, ``labels``, ``events``,
-            ``mask``); unnamed keys weigh 1.
+        modality_dropout: In training, the probability that a sample's image is marked absent, and
+            (separately, never both) that its audio is: a number for both, or ``{"image": p, "audio": q}``
+            with ``p + q <= 1``; 0 disables. An absent modality reads as the learned missing embedding
+            (`sss.models.missing`), as a sample without it in the data does.
+        unimodal_heads: Add a classifier per modality on its encoder's pooled tokens (outputs
+            ``logits_image``/``logits_audio``, losses ``image_head``/``audio_head``, metrics ``image_head/...``).
+        loss_weights: Weights of the losses by key (``label``, ``labels``, ``events``, ``mask``, and
+            ``image_head``/``audio_head`` of the unimodal heads); unnamed keys weigh 1.
         modalities: The encoders to build: ``("image", "audio")``, or one of them for data with one
             modality (an encoder that never sees data would get no gradient). ``sss fit`` sets it from
             the datamodule's ``modalities``.
@@ -107,7 +115,7 @@ class HunterModule(LitModule):
 
     Raises:
         ValueError: An unknown fusion or audio encoder name, ``heads`` not dividing ``dim``, an
-            unknown ``loss_weights`` key or a ``modality_dropout`` outside [0, 0.5].
+            unknown ``loss_weights`` key or a ``modality_dropout`` outside [0, 1] (or summing over 1).
 
     Example:
         >>> import torch
@@ -153,7 +161,8 @@ class HunterModule(LitModule):
         num_event_classes: NonNegativeInt = 0,
         mask_head: bool = False,
         mask_upsample: PositiveInt = 4,
-        modality_dropout: float = 0.0,
+        modality_dropout: float | Mapping[str, float] = 0.0,
+        unimodal_heads: bool = False,
         loss_weights: Mapping[str, float] | None = None,
         modalities: Sequence[str] = ("image", "audio"),
         metrics: Sequence[str] | None = None,
@@ -168,7 +177,7 @@ class HunterModule(LitModule):
         self.metrics = list(metrics) if metrics is not None else None
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
-        self.modality_dropout = modality_dropout
+        self.modality_dropout = dropout_rates(modality_dropout)
         self.loss_weights = {key: 1.0 for key in LOSS_KEYS} | {k: float(v) for k, v in (loss_weights or {}).items()}
         self.modalities = tuple(m for m in ("image", "audio") if m in modalities)
         self._kwargs = {key: settings[key] for key in ("image_kwargs", "audio_kwargs")}
@@ -179,9 +188,9 @@ class HunterModule(LitModule):
     def _build_parts(self, settings: dict[str, Any]) -> None:
         # Construction order is part of the defaults: the same seed gives the same initial weights
         # as before the heads existed, because they are built last and only on request.
-        self.image_encoder: TokenEncoder | None = build_encoder("image", "timm", _image_settings(settings))
+        self.image_encoder: TokenEncoder | None = build_encoder("image", "timm", parts.image_settings(settings))
         self.audio_encoder: TokenEncoder | None = build_encoder(
-            "audio", settings["audio_encoder"], _audio_settings(settings)
+            "audio", settings["audio_encoder"], parts.audio_settings(settings)
         )
         # Data with one modality (ESC-50, ISTD, ...): the other encoder would never get a gradient.
         # Built, then dropped, so the weights of the parts kept do not depend on `modalities`.
@@ -189,12 +198,14 @@ class HunterModule(LitModule):
             self.image_encoder = None
         if "audio" not in self.modalities:
             self.audio_encoder = None
-        self.fusion_head: FusionHead = _fusion(settings)
+        self.fusion_head: FusionHead = parts.fusion(settings)
         if len(self.modalities) == 1:
             self.fusion_head.drop_stream(0 if self.modalities == ("audio",) else 1)
         dim = settings["dim"]
         self.event_head = EventHead(dim, settings["num_event_classes"]) if settings["num_event_classes"] > 0 else None
         self.mask_head = MaskHead(dim, settings["mask_upsample"]) if settings["mask_head"] else None
+        heads = UnimodalHeads(dim, settings["num_classes"], self.modalities) if settings["unimodal_heads"] else None
+        self.unimodal_heads = heads
 
     @classmethod
     def resolve_settings(cls, overrides: Mapping[str, Any], variant: str | None = None) -> dict[str, Any] | None:
@@ -231,14 +242,21 @@ class HunterModule(LitModule):
         return setting_problems(settings)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
-        """Encode the modalities present, drop some in training, fuse, and run the heads.
+        """Encode the modalities present, mark some absent in training, fuse, and run the heads.
+
+        A sample whose ``image_present``/``audio_present`` is False (`sss.data.presence`) is encoded without
+        that modality: its encoder never sees the placeholder, and the fusion reads the learned missing
+        embedding in its place. The effective masks (after modality dropout) are returned beside the
+        logits, for the losses and metrics of the heads that need the modality.
 
         Args:
-            batch: Holds ``"image"`` ``[B, 3, H, W]`` and/or ``"audio"`` (waveform ``[B, C, S]`` or log-mel).
+            batch: Holds ``"image"`` ``[B, 3, H, W]`` and/or ``"audio"`` (waveform ``[B, C, S]`` or log-mel),
+                and optionally the presence masks.
 
         Returns:
             ``{"logits": ...}`` plus ``"events"`` and ``"mask"`` where those heads exist and their
-            modality is in the batch (see the class docstring for shapes).
+            modality is in the batch (see the class docstring for shapes), ``logits_image``/``logits_audio``
+            with ``unimodal_heads``, and the masks ``image_present``/``audio_present`` with two modalities.
 
         Example:
             >>> import torch
@@ -251,49 +269,59 @@ class HunterModule(LitModule):
             raise ValueError(
                 f"{type(self).__name__} needs batch['image'] and/or batch['audio']; batch has {sorted(batch)}"
             )
-        image_tokens = self.image_encoder(image) if image is not None and self.image_encoder is not None else None
-        audio_tokens = self.audio_encoder(audio) if audio is not None and self.audio_encoder is not None else None
-        if image_tokens is None and audio_tokens is None:
+        image = image if self.image_encoder is not None else None
+        audio = audio if self.audio_encoder is not None else None
+        if image is None and audio is None:
             raise ValueError(f"{type(self).__name__} was built for {list(self.modalities)}; batch has {sorted(batch)}")
-        image_tokens, audio_tokens = self.drop_modalities(image_tokens, audio_tokens)
-        image_tokens, audio_tokens = self.fusion_head.fuse(image_tokens, audio_tokens)
-        outputs = {"logits": self.fusion_head.classify(image_tokens, audio_tokens)}
+        present = self.presence_masks(batch, image, audio)
+        # None where every sample has the modality (one device sync each): the paths below are then those of a
+        # batch without masks, bit for bit.
+        masks = tuple(None if m is None or bool(m.all()) else m for m in present.values())
+        image_tokens = encode_present(self.image_encoder, image, masks[0]) if image is not None else None
+        audio_tokens = encode_present(self.audio_encoder, audio, masks[1]) if audio is not None else None
+        if image_tokens is not None and audio_tokens is not None:
+            image_tokens, audio_tokens = self.fusion_head.fill_missing(image_tokens, audio_tokens, *masks)
+        outputs: dict[str, Tensor] = {}
+        if self.unimodal_heads is not None:
+            outputs |= self.unimodal_heads({"image": image_tokens, "audio": audio_tokens})
+        image_tokens, audio_tokens = self.fusion_head.fuse_masked(image_tokens, audio_tokens, *masks)
+        outputs = {"logits": self.fusion_head.classify(image_tokens, audio_tokens), **outputs}
         if self.event_head is not None and audio_tokens is not None:
             outputs["events"] = self.event_head(self.audio_encoder.to_frames(audio_tokens))
         if self.mask_head is not None and image_tokens is not None:
             outputs["mask"] = self.mask_head(self.image_encoder.to_grid(image_tokens))
+        for name, mask in present.items():
+            if mask is not None and image_tokens is not None and audio_tokens is not None:
+                outputs[PRESENT_KEYS[name]] = mask
         return outputs
 
-    def drop_modalities(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        """Modality dropout: in training, zero a sample's image tokens with probability p, else its audio with p.
+    def presence_masks(self, batch: dict[str, Any], image: Tensor | None, audio: Tensor | None) -> dict[str, Any]:
+        """Each modality's presence mask ``[B]``: the batch's, after modality dropout in training; None = all present.
 
-        One uniform draw per sample decides: ``u < p`` drops the image, ``p <= u < 2p`` the audio, so
-        a sample never loses both. Zeroed tokens (not None) keep every sample in the batch and every
-        parameter in the graph (DDP needs that), and the encoders' BatchNorm statistics never see a
-        fake input. The draws come from the torch RNG (``torch.manual_seed`` reproduces them). Does
-        nothing in eval mode, with ``modality_dropout=0``, or when a modality is already missing.
-
-        Args:
-            image: Image tokens ``[B, Ni, D]``, or None.
-            audio: Audio tokens ``[B, Na, D]``, or None.
-
-        Returns:
-            ``(image, audio)`` with the dropped samples' tokens zeroed.
+        Dropout marks one uniform draw per sample (`sss.models.missing.drop_present`): with ``{"image": p,
+        "audio": q}``, ``u < p`` drops the image and ``p <= u < p + q`` the audio, and never the last modality
+        a sample has. The draws come from the torch RNG (``torch.manual_seed`` reproduces them). Nothing
+        is dropped in eval mode, with rate 0, or when the batch lacks a modality altogether.
 
         Example:
             >>> import torch
-            >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2, modality_dropout=0.5)
-            >>> image, audio = model.drop_modalities(torch.ones(1000, 1, 8), torch.ones(1000, 1, 8))
-            >>> bool(((image == 0) & (audio == 0)).any()), 400 < int((image == 0).all(-1).sum()) < 600
+            >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2,
+            ...                      modality_dropout={"image": 0.3, "audio": 0.3})
+            >>> ones = torch.ones(1000, 1)
+            >>> masks = model.presence_masks({}, ones, ones)
+            >>> bool((~masks["image"] & ~masks["audio"]).any()), 250 < int((~masks["image"]).sum()) < 350
             (False, True)
         """
-        p = self.modality_dropout
-        if not self.training or p == 0.0 or image is None or audio is None:
-            return image, audio
-        u = torch.rand(image.shape[0], device=image.device)
-        keep_image = (u >= p).to(image.dtype)[:, None, None]
-        keep_audio = ((u < p) | (u >= 2 * p)).to(audio.dtype)[:, None, None]
-        return image * keep_image, audio * keep_audio
+        found: dict[str, Any] = {"image": None, "audio": None}
+        for name, value in (("image", image), ("audio", audio)):
+            if value is not None and PRESENT_KEYS[name] in batch:
+                found[name] = presence(batch, name, value.shape[0], value.device)
+        rates = self.modality_dropout
+        if self.training and image is not None and audio is not None and any(rates.values()):
+            size, device = image.shape[0], image.device
+            ones = [presence({}, name, size, device) if found[name] is None else found[name] for name in found]
+            found["image"], found["audio"] = drop_present(*ones, rates)
+        return found
 
     def compute_loss(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
         """Weighted sum of the task losses whose targets are in the batch (`task_losses`).
@@ -374,12 +402,12 @@ class HunterModule(LitModule):
                     f"batch['events'] has {target.shape[-1]} classes, the event head {pred.shape[-1]} "
                     "(model.num_event_classes)"
                 )
-            losses["events"] = F.binary_cross_entropy_with_logits(pred, target.to(pred.dtype))
+            losses["events"] = dense_loss(pred, target, outputs.get("audio_present"))
         if "mask" in batch and "mask" in outputs:
             pred = outputs["mask"]
             target = resize_mask(batch["mask"], tuple(pred.shape[-2:]))
-            losses["mask"] = F.binary_cross_entropy_with_logits(pred, target.to(pred.dtype))
-        return losses
+            losses["mask"] = dense_loss(pred, target, outputs.get("image_present"))
+        return losses | head_losses(outputs, batch, self.label_smoothing)
 
     def validation_outputs(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> dict[str, Tensor]:
         """`LitModule.validation_outputs` (loss, class scores) plus the sound-event and shadow-mask values.
@@ -405,7 +433,8 @@ class HunterModule(LitModule):
             ['loss', 'mask_counts', 'preds', 'scores', 'target']
         """
         result = super().validation_outputs(outputs, batch)
-        return result | task_outputs(outputs, batch, clip_seconds=self.clip_seconds(batch))
+        result |= task_outputs(outputs, batch, clip_seconds=self.clip_seconds(batch))
+        return result | head_outputs(outputs, result)
 
     def clip_seconds(self, batch: dict[str, Any]) -> float | None:
         """Length in seconds of the batch's audio clips, which event metrics need; None when unknown.
@@ -486,63 +515,6 @@ class HunterModule(LitModule):
         for name in chosen:
             if parts[name] is not None and hasattr(parts[name], "set_grad_checkpointing"):
                 parts[name].set_grad_checkpointing(enabled)
-
-
-def _image_settings(settings: dict[str, Any]) -> EncoderSettings:
-    return EncoderSettings(
-        settings["dim"],
-        backbone=settings["image_encoder"],
-        pretrained=settings["image_pretrained"],
-        strict=settings["image_strict"],
-        channels_last=settings["image_channels_last"],
-        checkpointing=settings["image_checkpointing"],
-        kwargs=dict(settings["image_kwargs"] or {}),
-    )
-
-
-def _audio_settings(settings: dict[str, Any]) -> EncoderSettings:
-    # 10 ms hop and a 25 ms window at any sample rate; f_max stays below Nyquist.
-    rate = settings["sample_rate"]
-    frontend = LogMelFrontend(
-        sample_rate=rate,
-        n_fft=rate // 40,
-        hop_length=rate // 100,
-        n_mels=settings["n_mels"],
-        f_max=min(8000.0, rate / 2),
-        freq_mask=settings["freq_mask"],
-        time_mask=settings["time_mask"],
-    )
-    return EncoderSettings(
-        settings["dim"],
-        width=settings["audio_width"],
-        depth=settings["audio_depth"],
-        heads=settings["heads"],
-        mlp_ratio=settings["mlp_ratio"],
-        dropout=settings["dropout"],
-        stem_stride=settings["audio_stem_stride"],
-        frontend=frontend,
-        pretrained=settings["audio_pretrained"],
-        strict=settings["audio_strict"],
-        sample_rate=rate,
-        n_mels=settings["n_mels"],
-        kwargs=settings["audio_kwargs"] or {},
-    )
-
-
-def _fusion(settings: dict[str, Any]) -> FusionHead:
-    # The shared constructor shape; `num_bottlenecks` reaches the fusions whose constructor names it.
-    cls = fusion_class(settings["fusion"])
-    own = {"num_bottlenecks": settings["num_bottlenecks"]}
-    own = {name: value for name, value in own.items() if name in inspect.signature(cls).parameters}
-    shared = {name: settings[name] for name in ("heads", "mlp_ratio", "dropout")}
-    return cls(
-        settings["dim"],
-        settings["num_classes"],
-        depth=settings["fusion_depth"],
-        **shared,
-        **own,
-        **(settings["fusion_kwargs"] or {}),
-    )
 
 
 def _create(variant: str, overrides: dict[str, Any]) -> HunterModule:

@@ -236,38 +236,54 @@ def test_missing_targets_are_named(batch: dict[str, Any]) -> None:
 
 def test_modality_dropout_draws_are_seeded_and_never_both() -> None:
     model = create_model("hunter_tiny", modality_dropout=0.3)
-    ones = torch.ones(2000, 3, 32)
+    ones = torch.ones(2000, 1)
 
     def dropped(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         torch.manual_seed(seed)
-        image, audio = model.drop_modalities(ones, ones)
-        return (image == 0).all(-1).all(-1), (audio == 0).all(-1).all(-1)
+        masks = model.presence_masks({}, ones, ones)
+        return ~masks["image"], ~masks["audio"]
 
     image, audio = dropped(0)
     assert not (image & audio).any()
     assert 0.25 < image.float().mean() < 0.35 and 0.25 < audio.float().mean() < 0.35
     assert all(torch.equal(a, b) for a, b in zip(dropped(0), (image, audio), strict=True))
     assert not torch.equal(dropped(1)[0], image)
-    # whole samples only: a kept sample is untouched
-    kept_image, _ = model.drop_modalities(ones, ones)
-    assert set(kept_image.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_modality_dropout_per_modality_rates_and_the_data_absences() -> None:
+    model = create_model("hunter_tiny", modality_dropout={"image": 0.5, "audio": 0.25})
+    ones, n = torch.ones(4000, 1), 4000
+    no_audio = torch.arange(n) % 2 == 0  # half the samples already lack audio: their image is never dropped
+    torch.manual_seed(0)
+    masks = model.presence_masks(
+        {"audio_present": ~no_audio, "image_present": torch.ones(n, dtype=torch.bool)}, ones, ones
+    )
+    assert not (~masks["image"] & ~masks["audio"]).any()
+    assert masks["image"][no_audio].all() and not masks["audio"][no_audio].any()
+    assert 0.45 < (~masks["image"][~no_audio]).float().mean() < 0.55
+    assert 0.2 < (~masks["audio"][~no_audio]).float().mean() < 0.3
+    # a number is the rate of each modality: the same draws as {image: p, audio: p}
+    both = [create_model("hunter_tiny", modality_dropout=rate) for rate in (0.2, {"image": 0.2, "audio": 0.2})]
+    drawn = []
+    for m in both:
+        torch.manual_seed(1)
+        drawn.append(m.presence_masks({}, ones, ones))
+    assert all(torch.equal(drawn[0][k], drawn[1][k]) for k in ("image", "audio"))
 
 
 def test_modality_dropout_is_off_in_eval_and_with_one_modality() -> None:
     model = create_model("hunter_tiny", modality_dropout=0.5)
-    ones = torch.ones(64, 3, 32)
-    image, audio = model.drop_modalities(ones, None)
-    assert image is ones and audio is None
+    ones = torch.ones(64, 1)
+    assert model.presence_masks({}, ones, None) == {"image": None, "audio": None}
     model.eval()
-    image, audio = model.drop_modalities(ones, ones)
-    assert image is ones and audio is ones
+    assert model.presence_masks({}, ones, ones) == {"image": None, "audio": None}
 
 
 def test_a_dropped_modality_does_not_reach_the_logits(make_batch: Callable[..., dict[str, Any]]) -> None:
     model = create_model("hunter_tiny", modality_dropout=0.5, freq_mask=0, time_mask=0)
     batch = make_batch(batch_size=16)
     torch.manual_seed(3)
-    dropped = torch.rand(16) < 0.5  # the draw drop_modalities makes with this seed: u < p drops the image
+    dropped = torch.rand(16) < 0.5  # the draw presence_masks makes with this seed: u < p drops the image
     assert dropped.any() and (~dropped).any()
     other = {**batch, "image": torch.randn_like(batch["image"])}
     logits = []
@@ -279,7 +295,8 @@ def test_a_dropped_modality_does_not_reach_the_logits(make_batch: Callable[..., 
 
 
 def test_modality_dropout_keeps_every_parameter_in_the_graph(batch: dict[str, Any]) -> None:
-    # DDP needs every parameter used in every step: dropping zeroes tokens instead of skipping encoders.
+    # DDP needs every parameter used in every step: a dropped modality reads the missing embedding, and its
+    # encoder still runs on the samples that keep it.
     model = create_model("hunter_tiny", modality_dropout=0.5)
     torch.manual_seed(0)
     model.training_step(batch, 0).backward()
@@ -289,6 +306,10 @@ def test_modality_dropout_keeps_every_parameter_in_the_graph(batch: dict[str, An
 def test_modality_dropout_range_is_checked() -> None:
     with pytest.raises(ValueError, match=r"modality_dropout=0.6 must be in \[0, 0.5\]"):
         create_model("hunter_tiny", modality_dropout=0.6)
+    with pytest.raises(ValueError, match=r"sums to over 1"):
+        create_model("hunter_tiny", modality_dropout={"image": 0.6, "audio": 0.5})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['video'\]"):
+        create_model("hunter_tiny", modality_dropout={"video": 0.1})
 
 
 # --- configuration errors --------------------------------------------------------------------------------

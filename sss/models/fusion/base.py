@@ -7,6 +7,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from sss.models.missing import MissingTokens
+
 
 def check_tokens(image: Tensor | None, audio: Tensor | None, dim: int) -> int:
     """Validate the token streams a fusion head receives; returns the batch size."""
@@ -65,6 +67,37 @@ class FusionHead(nn.Module):
         self.head_drop = nn.Dropout(dropout)
         self.head = nn.Linear(2 * dim, num_classes)
         self.apply(init_linear)
+        self.missing = MissingTokens(dim)  # from its own generator: the weights above are as before it existed
+
+    def fill_missing(
+        self, image: Tensor | None, audio: Tensor | None, image_present: Tensor | None, audio_present: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Replace the tokens of absent samples (a False in ``*_present`` ``[B]``) by the learned missing embedding.
+
+        Every fusion layer and head then reads the embedding, never the placeholder the data put there,
+        so the output does not depend on the placeholder's values. No mask (None) means all present.
+
+        Example:
+            >>> import torch
+            >>> from sss.models.fusion.late import LateFusion
+            >>> fusion = LateFusion(dim=8)
+            >>> image, audio = torch.randn(2, 4, 8), torch.randn(2, 5, 8)
+            >>> a = fusion(image, audio, audio_present=torch.tensor([True, False]))
+            >>> b = fusion(image, audio * 100, audio_present=torch.tensor([True, False]))
+            >>> bool(torch.equal(a[1], b[1]))  # the absent audio's values do not matter
+            True
+        """
+        # Not a class attribute: nn.Module keeps submodules in _modules, which a class default would shadow.
+        missing: MissingTokens | None = getattr(self, "missing", None)
+        if missing is None:
+            for name, present in (("image", image_present), ("audio", audio_present)):
+                if present is not None and not bool(present.all()):
+                    raise ValueError(
+                        f"{type(self).__name__} has no missing-modality embeddings and a sample has no {name}: "
+                        "call self.build_head(...) in its __init__, or set self.missing = MissingTokens(dim)"
+                    )
+            return image, audio
+        return missing.fill("image", image, image_present), missing.fill("audio", audio, audio_present)
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The token streams after fusion (same shapes; a None stream stays None)."""
@@ -77,17 +110,33 @@ class FusionHead(nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} fuses two modalities and cannot drop stream {index}")
 
-    def forward(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
+    def forward(
+        self,
+        image: Tensor | None,
+        audio: Tensor | None,
+        image_present: Tensor | None = None,
+        audio_present: Tensor | None = None,
+    ) -> Tensor:
         """Logits ``[B, num_classes]`` from image tokens ``[B, Ni, dim]`` and/or audio tokens ``[B, Na, dim]``.
 
         Args:
             image: Image tokens, or None when the batch has no image.
             audio: Audio tokens, or None when the batch has no audio.
+            image_present: Bool ``[B]``, False for a sample without an image (`fill_missing`); None: all present.
+            audio_present: The same for audio.
 
         Returns:
             Class logits.
         """
-        return self.classify(*self.fuse(image, audio))
+        image, audio = self.fill_missing(image, audio, image_present, audio_present)
+        return self.classify(*self.fuse_masked(image, audio, image_present, audio_present))
+
+    def fuse_masked(
+        self, image: Tensor | None, audio: Tensor | None, image_present: Tensor | None, audio_present: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """`fuse` told which samples lack a modality (tokens already filled); a fusion that mixes per-sample
+        state across streams (the bottleneck's average) overrides it to leave the absent stream out."""
+        return self.fuse(image, audio)
 
     def classify(self, image: Tensor | None, audio: Tensor | None) -> Tensor:
         """Clip logits ``[B, num_classes]`` from (fused) token streams: pool, normalise, concatenate, head.

@@ -46,8 +46,14 @@ class BottleneckLayer(nn.Module):
             Block(dim, heads, mlp_ratio, qkv_bias=True, proj_drop=dropout, attn_drop=dropout) for _ in range(streams)
         )
 
-    def forward(self, *args: Tensor | None) -> tuple[Tensor | None, ...]:
-        """``(stream_1, ..., stream_n, bottleneck)`` in, the same out, each updated (None stays None)."""
+    def forward(
+        self, *args: Tensor | None, present: tuple[Tensor | None, ...] | None = None
+    ) -> tuple[Tensor | None, ...]:
+        """``(stream_1, ..., stream_n, bottleneck)`` in, the same out, each updated (None stays None).
+
+        `present` holds a bool ``[B]`` mask (or None: all present) per stream: a sample's bottleneck is then
+        the average over the streams it has, so an absent modality's stand-in tokens never reach the others.
+        """
         *streams, bottleneck = args
         assert bottleneck is not None
         out: list[Tensor | None] = []
@@ -59,7 +65,20 @@ class BottleneckLayer(nn.Module):
             joint = block(torch.cat([tokens, bottleneck], dim=1))
             out.append(joint[:, : tokens.shape[1]])
             copies.append(joint[:, tokens.shape[1] :])
+        if present is not None and len(copies) == 2:
+            copies = _present_copies(copies, present)
         return (*out, torch.stack(copies).mean(dim=0))
+
+
+def _present_copies(copies: list[Tensor], present: tuple[Tensor | None, ...]) -> list[Tensor]:
+    # Where a sample lacks one stream, both copies become the other stream's: their mean is then that copy,
+    # exactly. With every sample present the copies come back unchanged, bit for bit.
+    first, second = copies
+    mask_first, mask_second = (None if m is None else m.view(-1, 1, 1) for m in present)
+    return [
+        first if mask_first is None else torch.where(mask_first, first, second),
+        second if mask_second is None else torch.where(mask_second, second, first),
+    ]
 
 
 @register_fusion("bottleneck")
@@ -133,15 +152,22 @@ class BottleneckFusion(FusionHead):
             >>> image.shape, audio.shape
             (torch.Size([2, 4, 8]), torch.Size([2, 5, 8]))
         """
+        return self.fuse_masked(image, audio, None, None)
+
+    def fuse_masked(
+        self, image: Tensor | None, audio: Tensor | None, image_present: Tensor | None, audio_present: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """`fuse`, where each sample's bottleneck averages only the streams it has (`BottleneckLayer`)."""
         batch = check_tokens(image, audio, self.dim)
+        present = None if image_present is None and audio_present is None else (image_present, audio_present)
         # A copy, not an expand() view: under no_grad a view of a parameter claims requires_grad without
         # a grad_fn, which module-level autograd hooks (FlopCounterMode's ModuleTracker) reject.
         shared = self.bottleneck.repeat(batch, 1, 1)
         for layer in self.layers:
             if self.grad_checkpointing and torch.is_grad_enabled():
-                image, audio, shared = checkpoint(layer, image, audio, shared, use_reentrant=False)
+                image, audio, shared = checkpoint(layer, image, audio, shared, present=present, use_reentrant=False)
             else:
-                image, audio, shared = layer(image, audio, shared)
+                image, audio, shared = layer(image, audio, shared, present=present)
         # A stream reads the other modality only through the bottleneck of the *previous* layer, so
         # the last average would reach no head (and one layer would be late fusion in disguise):
         # broadcast its mean back to every token of each stream, a parameter-free residual read-out.

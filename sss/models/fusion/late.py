@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from sss.models.fusion.base import FusionHead, check_tokens
+from sss.models.missing import MissingTokens
 from sss.models.registry import register_fusion
 
 __all__ = ["LateFusion"]
@@ -67,19 +68,21 @@ class LateFusion(FusionHead):
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
+        self.missing = MissingTokens(dim)
 
     def drop_stream(self, index: int) -> None:
-        """Remove the norm of stream `index` (0 image, 1 audio) for data that never has that stream.
+        """Remove the norm of stream `index` (0 image, 1 audio) and the missing embeddings, for one-modality data.
 
         Its parameters would never get a gradient (an error in the trainer, and under DDP).
 
         Example:
             >>> fusion = LateFusion(dim=8)
             >>> fusion.drop_stream(0)
-            >>> sum(p.numel() for p in fusion.norms.parameters())  # the audio norm's weight and bias
-            16
+            >>> sum(p.numel() for p in fusion.norms.parameters()), fusion.missing  # the audio norm's weight and bias
+            (16, None)
         """
         self.norms[index] = nn.Identity()
+        self.missing = None  # one modality: no sample lacks it, and unused embeddings would get no gradient
 
     def fuse(self, image: Tensor | None, audio: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """Late fusion leaves the token streams as they are (checked, then returned unchanged).
