@@ -246,7 +246,8 @@ class HunterModule(LitModule):
 
         A sample whose ``image_present``/``audio_present`` is False (`sss.data.presence`) is encoded without
         that modality: its encoder never sees the placeholder, and the fusion reads the learned missing
-        embedding in its place. The effective masks (after modality dropout) are returned beside the
+        embedding in its place (`drop_modalities` marks more absent in training). The effective masks are returned
+        beside the
         logits, for the losses and metrics of the heads that need the modality.
 
         Args:
@@ -273,12 +274,13 @@ class HunterModule(LitModule):
         audio = audio if self.audio_encoder is not None else None
         if image is None and audio is None:
             raise ValueError(f"{type(self).__name__} was built for {list(self.modalities)}; batch has {sorted(batch)}")
-        present = self.presence_masks(batch, image, audio)
-        # None where every sample has the modality (one device sync each): the paths below are then those of a
-        # batch without masks, bit for bit.
-        masks = tuple(None if m is None or bool(m.all()) else m for m in present.values())
-        image_tokens = encode_present(self.image_encoder, image, masks[0]) if image is not None else None
-        audio_tokens = encode_present(self.audio_encoder, audio, masks[1]) if audio is not None else None
+        # The batch's masks, None where every sample has the modality (a device sync each, for a batch with masks:
+        # data without absent rows carries none). With None, every path below is that of a batch without masks.
+        sizes = {"image": image, "audio": audio}
+        present = {name: _absences(batch, name, value) for name, value in sizes.items()}
+        image_tokens = encode_present(self.image_encoder, image, present["image"]) if image is not None else None
+        audio_tokens = encode_present(self.audio_encoder, audio, present["audio"]) if audio is not None else None
+        masks = tuple(self.drop_modalities(present, image, audio).values())
         if image_tokens is not None and audio_tokens is not None:
             image_tokens, audio_tokens = self.fusion_head.fill_missing(image_tokens, audio_tokens, *masks)
         outputs: dict[str, Tensor] = {}
@@ -290,38 +292,40 @@ class HunterModule(LitModule):
             outputs["events"] = self.event_head(self.audio_encoder.to_frames(audio_tokens))
         if self.mask_head is not None and image_tokens is not None:
             outputs["mask"] = self.mask_head(self.image_encoder.to_grid(image_tokens))
-        for name, mask in present.items():
+        for name, mask in zip(PRESENT_KEYS, masks, strict=True):
             if mask is not None and image_tokens is not None and audio_tokens is not None:
                 outputs[PRESENT_KEYS[name]] = mask
         return outputs
 
-    def presence_masks(self, batch: dict[str, Any], image: Tensor | None, audio: Tensor | None) -> dict[str, Any]:
-        """Each modality's presence mask ``[B]``: the batch's, after modality dropout in training; None = all present.
+    def drop_modalities(
+        self, present: dict[str, Tensor | None], image: Tensor | None, audio: Tensor | None
+    ) -> dict[str, Tensor | None]:
+        """Modality dropout: the presence masks ``{"image": [B] or None, "audio": ...}`` with some marked absent.
 
-        Dropout marks one uniform draw per sample (`sss.models.missing.drop_present`): with ``{"image": p,
-        "audio": q}``, ``u < p`` drops the image and ``p <= u < p + q`` the audio, and never the last modality
-        a sample has. The draws come from the torch RNG (``torch.manual_seed`` reproduces them). Nothing
-        is dropped in eval mode, with rate 0, or when the batch lacks a modality altogether.
+        In training, one uniform draw per sample (`sss.models.missing.drop_present`): with ``{"image": p,
+        "audio": q}``, ``u < p`` drops the image and ``p <= u < p + q`` the audio, never the last modality a
+        sample has. A dropped modality reads as the learned missing embedding, as one absent from the data
+        does; its encoder still sees the real input (no placeholder: BatchNorm statistics stay true, and no
+        device sync is needed). The draws come from the torch RNG (``torch.manual_seed`` reproduces them).
+        Nothing is dropped in eval mode, with rate 0, or when the batch lacks a modality altogether. None
+        means every sample has the modality.
 
         Example:
             >>> import torch
             >>> model = HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2,
             ...                      modality_dropout={"image": 0.3, "audio": 0.3})
             >>> ones = torch.ones(1000, 1)
-            >>> masks = model.presence_masks({}, ones, ones)
+            >>> masks = model.drop_modalities({"image": None, "audio": None}, ones, ones)
             >>> bool((~masks["image"] & ~masks["audio"]).any()), 250 < int((~masks["image"]).sum()) < 350
             (False, True)
         """
-        found: dict[str, Any] = {"image": None, "audio": None}
-        for name, value in (("image", image), ("audio", audio)):
-            if value is not None and PRESENT_KEYS[name] in batch:
-                found[name] = presence(batch, name, value.shape[0], value.device)
         rates = self.modality_dropout
-        if self.training and image is not None and audio is not None and any(rates.values()):
-            size, device = image.shape[0], image.device
-            ones = [presence({}, name, size, device) if found[name] is None else found[name] for name in found]
-            found["image"], found["audio"] = drop_present(*ones, rates)
-        return found
+        if not (self.training and image is not None and audio is not None and any(rates.values())):
+            return dict(present)
+        size, device = image.shape[0], image.device
+        full = [presence({}, name, size, device) if present[name] is None else present[name] for name in PRESENT_KEYS]
+        image_present, audio_present = drop_present(*full, rates)
+        return {"image": image_present, "audio": audio_present}
 
     def compute_loss(self, outputs: Tensor | dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
         """Weighted sum of the task losses whose targets are in the batch (`task_losses`).
@@ -515,6 +519,14 @@ class HunterModule(LitModule):
         for name in chosen:
             if parts[name] is not None and hasattr(parts[name], "set_grad_checkpointing"):
                 parts[name].set_grad_checkpointing(enabled)
+
+
+def _absences(batch: dict[str, Any], modality: str, inputs: Tensor | None) -> Tensor | None:
+    # The batch's presence mask of `modality`, or None when it has none or every sample has the modality.
+    if inputs is None or PRESENT_KEYS[modality] not in batch:
+        return None
+    mask = presence(batch, modality, inputs.shape[0], inputs.device)
+    return None if bool(mask.all()) else mask
 
 
 def _create(variant: str, overrides: dict[str, Any]) -> HunterModule:

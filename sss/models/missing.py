@@ -75,10 +75,11 @@ class MissingTokens(nn.Module):
 def encode_present(encoder: nn.Module, inputs: Tensor, present: Tensor | None) -> Tensor:
     """``encoder(inputs)`` computed on the present samples only, scattered back to ``[B, ...]``.
 
-    The rows of absent samples are zeros (`MissingTokens.fill` replaces them). With every sample present
-    this is ``encoder(inputs)`` itself. With none, the encoder still runs on one placeholder row (its
-    output discarded by the fill), which keeps its parameters in the graph: DDP expects every parameter
-    on every process to get a gradient. (Reading ``present`` costs one device sync per modality per step.)
+    The rows of absent samples are zeros (`MissingTokens.fill` replaces them). `present` None (every
+    sample has the modality: pass None rather than an all-True mask) is ``encoder(inputs)`` itself.
+    With no sample present, the encoder still runs on one placeholder row (its output discarded), which
+    keeps its parameters in the graph: DDP expects every parameter on every process to get a gradient.
+    Selecting the rows (``nonzero``) waits for the device once.
 
     Example:
         >>> encoder = nn.Linear(2, 3)
@@ -86,7 +87,7 @@ def encode_present(encoder: nn.Module, inputs: Tensor, present: Tensor | None) -
         >>> out.shape, bool((out[1] == 0).all())
         (torch.Size([3, 3]), True)
     """
-    if present is None or bool(present.all()):
+    if present is None:
         return encoder(inputs)
     keep = present.nonzero().squeeze(1)
     if keep.numel() == 0:

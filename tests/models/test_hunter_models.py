@@ -240,7 +240,7 @@ def test_modality_dropout_draws_are_seeded_and_never_both() -> None:
 
     def dropped(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         torch.manual_seed(seed)
-        masks = model.presence_masks({}, ones, ones)
+        masks = model.drop_modalities({"image": None, "audio": None}, ones, ones)
         return ~masks["image"], ~masks["audio"]
 
     image, audio = dropped(0)
@@ -255,9 +255,7 @@ def test_modality_dropout_per_modality_rates_and_the_data_absences() -> None:
     ones, n = torch.ones(4000, 1), 4000
     no_audio = torch.arange(n) % 2 == 0  # half the samples already lack audio: their image is never dropped
     torch.manual_seed(0)
-    masks = model.presence_masks(
-        {"audio_present": ~no_audio, "image_present": torch.ones(n, dtype=torch.bool)}, ones, ones
-    )
+    masks = model.drop_modalities({"image": None, "audio": ~no_audio}, ones, ones)
     assert not (~masks["image"] & ~masks["audio"]).any()
     assert masks["image"][no_audio].all() and not masks["audio"][no_audio].any()
     assert 0.45 < (~masks["image"][~no_audio]).float().mean() < 0.55
@@ -267,23 +265,23 @@ def test_modality_dropout_per_modality_rates_and_the_data_absences() -> None:
     drawn = []
     for m in both:
         torch.manual_seed(1)
-        drawn.append(m.presence_masks({}, ones, ones))
+        drawn.append(m.drop_modalities({"image": None, "audio": None}, ones, ones))
     assert all(torch.equal(drawn[0][k], drawn[1][k]) for k in ("image", "audio"))
 
 
 def test_modality_dropout_is_off_in_eval_and_with_one_modality() -> None:
     model = create_model("hunter_tiny", modality_dropout=0.5)
     ones = torch.ones(64, 1)
-    assert model.presence_masks({}, ones, None) == {"image": None, "audio": None}
+    assert model.drop_modalities({"image": None, "audio": None}, ones, None) == {"image": None, "audio": None}
     model.eval()
-    assert model.presence_masks({}, ones, ones) == {"image": None, "audio": None}
+    assert model.drop_modalities({"image": None, "audio": None}, ones, ones) == {"image": None, "audio": None}
 
 
 def test_a_dropped_modality_does_not_reach_the_logits(make_batch: Callable[..., dict[str, Any]]) -> None:
     model = create_model("hunter_tiny", modality_dropout=0.5, freq_mask=0, time_mask=0)
     batch = make_batch(batch_size=16)
     torch.manual_seed(3)
-    dropped = torch.rand(16) < 0.5  # the draw presence_masks makes with this seed: u < p drops the image
+    dropped = torch.rand(16) < 0.5  # the draw drop_modalities makes with this seed: u < p drops the image
     assert dropped.any() and (~dropped).any()
     other = {**batch, "image": torch.randn_like(batch["image"])}
     logits = []

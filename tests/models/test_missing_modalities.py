@@ -15,6 +15,7 @@ from sss.models import create_model
 from sss.models.fusion.bottleneck import BottleneckFusion
 from sss.models.fusion.cross_attention import CrossModalFusion
 from sss.models.fusion.late import LateFusion
+from sss.testing import count_host_syncs
 
 FUSIONS = ["cross_attention", "bottleneck", "late"]
 HEADS = {"num_event_classes": 2, "mask_head": True, "unimodal_heads": True}
@@ -152,3 +153,17 @@ def test_weights_from_before_the_missing_embeddings_still_load(tmp_path: Path) -
     save_file({k: v for k, v in old.items() if "fusion_head.head." not in k}, str(tmp_path / "model.safetensors"))
     with pytest.raises(RuntimeError, match=r"fusion_head\.head"):
         load_trained_weights(fresh, tmp_path, "")
+
+
+def test_modality_dropout_waits_for_no_device_value(make_batch: Callable[..., dict[str, Any]]) -> None:
+    # Dropout's absences are drawn on the device and read only by torch.where: a step stays free of host syncs.
+    # A batch with presence masks costs one read per modality (which path to take), the nonzero of the
+    # present samples where some lack it.
+    model = create_model("hunter_tiny", num_classes=4, modality_dropout={"image": 0.3, "audio": 0.3})
+    batch = make_batch(batch_size=6)
+    with count_host_syncs() as syncs:
+        model.training_step(batch, 0)
+    assert len(syncs) == 0, syncs.report(syncs.records)
+    with count_host_syncs() as syncs:
+        model.training_step(_masked(batch, "zeros"), 0)
+    assert [r.kind for r in syncs.records] == ["item", "item", "nonzero", "nonzero"], syncs.report(syncs.records)
