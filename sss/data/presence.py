@@ -17,7 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["MODALITIES", "PRESENT_KEYS", "absent_draw", "batch_edit", "mark_absent", "parse_missing", "presence", "zeroed"]
+__all__ = [
+    "MODALITIES",
+    "PRESENT_KEYS",
+    "absent_draw",
+    "batch_edit",
+    "mark_absent",
+    "parse_missing",
+    "presence",
+    "zeroed",
+]
 
 MODALITIES = ("image", "audio")
 PRESENT_KEYS: Mapping[str, str] = {"image": "image_present", "audio": "audio_present"}
