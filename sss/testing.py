@@ -398,6 +398,11 @@ def subprocess_env(*paths: str | os.PathLike[str], **overrides: str) -> dict[str
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(entries)), **overrides}
 
 
+def _cell(path: str) -> dict[str, Any] | None:
+    """An embedded file cell; None (an empty cell, as the Hub stores one) for "": a row without that modality."""
+    return {"bytes": Path(path).read_bytes(), "path": os.path.basename(path)} if path else None
+
+
 def hub_parquet(
     src: str | os.PathLike[str], out: str | os.PathLike[str], *, files: int = 2, row_group: int = 8
 ) -> Path:
@@ -430,7 +435,7 @@ def hub_parquet(
             rows = ManifestDataset(src, split)
         except FileNotFoundError:
             continue
-        cells = lambda paths: [{"bytes": Path(p).read_bytes(), "path": os.path.basename(p)} for p in paths]  # noqa: E731
+        cells = lambda paths: [_cell(p) for p in paths]  # noqa: E731
         features = datasets.Features(
             {"image": datasets.Image(), "audio": struct, "label": datasets.ClassLabel(names=rows.classes)}
         )

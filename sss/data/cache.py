@@ -10,7 +10,8 @@ and they give the same answer every epoch (augmentation aside). So the cache sto
   `sss.models.LogMelFrontend` before its normalisation (power STFT, Hann window, centred
   frames, mel filterbank, ``10 log10(max(x, 1e-10))``), so the model's front-end takes these
   4-D features and skips its own STFT;
-- ``meta.json``: shapes, the key's inputs, crop starts, and the rows that failed to decode.
+- ``meta.json``: shapes, the key's inputs, crop starts, the rows that failed to decode, and the rows that lack
+  a modality (two-modality data: their image, mask or audio is stored as zeros; `sss.data.presence`).
 
 The folder name is a hash of the file list (paths, sizes, modification times), of the
 front-end settings and of a non-default image normalisation (a pretrained encoder's): touching
@@ -40,9 +41,10 @@ from sss.data._decode import IMAGENET, DataError, file_lock, single_thread
 
 __all__ = ["CACHE_VERSION", "FeatureCache", "LogMel", "attach_feature_cache", "cache_key"]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bump when what the cache stores changes, so old caches are rebuilt (2: large images box-reduced
-before resizing, thin images accepted, the skipped rows' files named exactly)."""
+before resizing, thin images accepted, the skipped rows' files named exactly; 3: rows without their
+image or audio cached as zeros, listed in ``meta.json``'s ``absent``)."""
 
 
 class LogMel:
@@ -101,6 +103,8 @@ class FeatureCache:
         self.starts: list[int] = meta["starts"]
         self.bad: list[list[Any]] = meta["bad"]
         """``[row index, file, reason]`` of the rows that failed to decode when the cache was built."""
+        self.absent: dict[str, list[int]] = meta.get("absent", {})
+        """Modality -> the rows without it (stored as zeros; the dataset's rows say the same)."""
         self._arrays: dict[str, np.ndarray] = {}
 
     def _array(self, name: str) -> np.ndarray:
@@ -139,9 +143,12 @@ def cache_key(dataset: Any, n_mels: int) -> str:
         ...     cache_key(ds, 64) == cache_key(ds, 64) != cache_key(ds, 32)
         True
     """
-    files = []
+    files: list[Any] = []
     for column in (dataset.images, dataset.audio, dataset.masks):
         for path in column:
+            if not path:  # the row lacks this file: kept in place, so that which rows lack it is keyed too
+                files.append(("", 0, 0))
+                continue
             stat = os.stat(path)
             files.append((path, stat.st_size, stat.st_mtime_ns))
     settings = {
@@ -267,12 +274,17 @@ def _build(dataset: Any, folder: Path, n_mels: int, num_workers: int) -> None:
                         continue
                     image, mask, mel, starts[index] = result
                     for name, value in (("images", image), ("masks", mask), ("audio", mel)):
-                        if value is not None:
+                        if value is not None:  # None: the row lacks it; the new file's zeros stay
                             arrays[name][index] = value
         for array in arrays.values():
             array.flush()
         del arrays
         meta = {"version": CACHE_VERSION, "rows": n, "n_mels": n_mels, "starts": starts, "bad": sorted(bad)}
+        meta["absent"] = {
+            name: [i for i, path in enumerate(paths) if not path]
+            for name, paths in (("image", dataset.images), ("audio", dataset.audio))
+            if name in dataset.modalities
+        }
         (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence means complete
         os.rename(tmp, folder)
     except BaseException:

@@ -290,6 +290,11 @@ class ManifestDataModule(DataModule):
         extras = (["mask"] if any(d.has_mask for d in self.datasets.values()) else []) + (
             [f"events ({len(self.event_classes)} at {self.event_frame_rate:g} frames/s)"] if self.event_classes else []
         )
+        for modality, column in (("image", "images"), ("audio", "audio")):  # rows lacking one (two-modality data)
+            lacking = sum(
+                not path for d in self.datasets.values() if getattr(d, "both", False) for path in getattr(d, column)
+            )
+            extras += [f"{lacking} row(s) without {modality}"] if lacking else []
         audio = (
             f", clip {self.clip_seconds:g} s{' (inferred)' if inferred else ''} at {self.sample_rate} Hz"
             if "audio" in self.modalities

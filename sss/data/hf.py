@@ -12,7 +12,8 @@
 Columns are found by their ``datasets`` feature type (``Image``, ``Audio``, ``ClassLabel``, a list of
 ``ClassLabel`` for multi-label), else by name; ``data.columns`` names them explicitly. Audio and images are read
 as the stored bytes and decoded by sss's soundfile / Pillow path (`RecordDecoder`): ``datasets`` 4+ decodes audio
-with torchcodec and FFmpeg, which sss does not need. Strong labels (event tables) are not supported from
+with torchcodec and FFmpeg, which sss does not need. With both an image and an audio column, an empty cell (None)
+is that modality absent from the sample (`sss.data.presence`). Strong labels (event tables) are not supported from
 Hugging Face datasets: use a manifest folder or ``sss data pack`` for sound event detection.
 """
 
@@ -53,6 +54,7 @@ _BY_NAME = {
 _PARQUET = ("data/{s}-*.parquet", "data/{s}.parquet", "data/{s}/*.parquet", "{s}-*.parquet", "{s}.parquet", "{s}/*")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REDO = "download or export it again"
+_EMPTY = "the cell is empty"
 _EMBED = "export the dataset with its files embedded (datasets' embed_external_files, as push_to_hub does)"
 
 
@@ -147,9 +149,10 @@ class HFSource(Source):
         found: dict[str, bytes] = {}
         for kind, cell in media.items():
             data, problem = _cell_bytes(cell)
-            if data is None:
+            if data is None and not (len(self.modalities) == 2 and problem == _EMPTY):
                 return record_error(file, row, key, f"has no {kind}: {problem}")
-            found[kind] = data
+            if data is not None:  # an empty cell of two-modality data: that modality absent (RecordDecoder)
+                found[kind] = data
         target: int | tuple[int, ...] | None = None
         if "label" in cells:
             names = self._label_names(cells["label"])
@@ -219,12 +222,43 @@ def open_hf(
     if classes is None and "label" in chosen:
         names_from = files.get("train") or files[name]  # string labels: sorted names of train, as manifests do
         classes = names or _label_values(names_from, kind, chosen["label"])
+    modalities = tuple(m for m in ("image", "audio") if m in chosen)
     return HFSource(
-        where, shards, list(classes or []), tuple(m for m in ("image", "audio") if m in chosen),
+        where, shards, list(classes or []), modalities,
         multilabel="label" in chosen and _is_list(schema.field(chosen["label"]).type),
         has_label="label" in chosen, has_mask="mask" in chosen,
+        partial=len(modalities) == 2 and _has_nulls(shards, kind, [chosen[m] for m in modalities]),
         kind=kind, columns=chosen, label_names=names, streaming=streaming,
     )  # fmt: skip
+
+
+def _has_nulls(shards: list[Shard], kind: str, columns: list[str]) -> bool:
+    # Whether a cell of `columns` may be empty, from metadata only: Parquet's per-row-group null counts (a column
+    # chunk without them counts as "may"), an Arrow file's validity bitmaps. A struct cell (Image, Audio) is empty
+    # when it or its bytes are null; a path-only cell is refused when read.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for file in sorted({shard.path for shard in shards}):
+        if kind == "arrow":
+            table = _arrow_table(file)
+            for name in columns:
+                column = table.column(name)
+                inner = pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+                if column.null_count or inner.null_count:
+                    return True
+            continue
+        meta = pq.ParquetFile(file).metadata
+        for group in range(meta.num_row_groups):
+            for leaf in range(meta.num_columns):
+                chunk = meta.row_group(group).column(leaf)
+                if chunk.path_in_schema.split(".")[0] not in columns or chunk.path_in_schema.endswith(".path"):
+                    continue
+                stats = chunk.statistics
+                if stats is None or not stats.has_null_count or stats.null_count:
+                    return True
+    return False
 
 
 # --- where the files are ------------------------------------------------------------------------------------
@@ -463,4 +497,4 @@ def _cell_bytes(cell: Any) -> tuple[bytes | None, str]:
         return bytes(cell), ""
     elif isinstance(cell, str) and cell:
         return None, f"the cell holds only a path ({cell}), not the bytes; {_EMBED}"
-    return None, "the cell is empty"
+    return None, _EMPTY

@@ -9,6 +9,10 @@ Layout of a manifest folder (paths in the manifest are relative to it)::
 
 The public layouts (ESC-50, UrbanSound8K, DESED, ISTD, SBU) are read by `sss.data.layouts` into
 the same rows, so everything below applies to them too.
+
+With both an image and an audio column, a row may leave one of the two cells empty: that sample lacks the
+modality (`sss.data.presence`), its input is a zero placeholder and ``image_present`` / ``audio_present``
+say so. A row with neither is a bad row.
 """
 
 from __future__ import annotations
@@ -83,6 +87,12 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     ``[1, M, T]`` log-mel when a feature cache is attached), ``"label"`` long ``[]`` or
     ``"labels"`` multi-hot float ``[K]``, ``"mask"`` float ``[1, S, S]`` in [0, 1], ``"events"``
     float ``[T, E]`` frame targets at ``event_frame_rate`` frames per second, and ``"index"``.
+
+    With an ``image`` and an ``audio`` column, a row may leave one cell empty (none, ``""``, blanks, JSON
+    ``null``): that modality is absent, its input (and a mask or events target tied to it) is zeros of the
+    usual shape, and the items of such a split also give ``"image_present"`` and ``"audio_present"``
+    (bool ``[]``; `partial`). A row with neither, a mask without its image or events without their audio
+    is a bad row (``on_error``).
 
     The rows are checked at construction (columns, labels, paths inside the root, files present,
     duplicates); files are decoded when their row is loaded. A problem raises one `DataError`
@@ -171,6 +181,9 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         self._bad: set[int] = set()
         self.cache: Any = None  # a FeatureCache once `attach_cache` ran
         self._build(found)
+        # Items carry the presence flags only where a row lacks a modality: complete data gives the batches it always
+        # gave, and a model reading the flags pays no device sync per step for it.
+        self.partial = self.both and ("" in self.images or "" in self.audio)
 
     # --- reading and checking the rows --------------------------------------------------------------------
 
@@ -186,6 +199,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         if {"label", "labels"} <= columns:
             raise DataError(f"{self.source}: has both label and labels columns; keep one")
         self.modalities = tuple(m for m in ("image", "audio") if m in columns)
+        self.both = len(self.modalities) == 2  # then a row may lack one of them, and items say which they have
         self.has_mask, self.has_events = "mask" in columns, "events" in columns
         self.multilabel = "labels" in columns
         self.has_label = bool(columns & {"label", "labels"})
@@ -207,7 +221,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         return sorted(labels)
 
     def _build(self, found: SplitRows) -> None:
-        # Plain lists of str/int/tuples: cheap to pickle into DataLoader workers.
+        # Plain lists of str/int/tuples: cheap to pickle into DataLoader workers. "" = the row lacks that file.
         self.images: list[str] = []
         self.audio: list[str] = []
         self.masks: list[str] = []
@@ -252,15 +266,20 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     def _parse_row(self, row: dict[str, Any], index: dict[str, int]) -> tuple[Any, ...]:
         if "__error__" in row:
             raise DataError(f"row {row['__error__']}")
+        given = {column: not _empty(row.get(column)) for column in ("image", "audio", "mask", "events")}
+        if self.both:
+            _check_absences(given)
         paths = []
         for column in ("image", "audio", "mask"):
-            present = column in self.modalities or (column == "mask" and self.has_mask)
-            paths.append(self._checked_file(row.get(column), column) if present else None)
+            wanted = column in self.modalities or (column == "mask" and self.has_mask)
+            # Two modalities: an empty image/audio cell is that modality absent, and so is the mask of no image.
+            absent = self.both and not given["image" if column == "mask" else column]
+            paths.append(("" if absent else self._checked_file(row.get(column), column)) if wanted else None)
         target: Any = None
         if self.has_label:
             target = self._parse_labels(row, index)
         events: tuple[tuple[float, float, int], ...] = ()
-        if self.has_events and row.get("events"):
+        if self.has_events and row.get("events") and paths[1] != "":  # "": no audio, so its events cell is empty
             events = self._row_events(str(row["events"]), paths[1])
         return (*paths, target, events)
 
@@ -390,8 +409,20 @@ class ManifestDataset(Dataset[dict[str, Any]]):
                 batch["labels"] = torch.stack([self._target(i)["labels"] for i in indices])
             else:
                 batch["label"] = torch.tensor([self.targets[i] for i in indices])
+        if self.partial:
+            batch.update(self._presence(indices))
+            for key, flag in (("image", "image_present"), ("mask", "image_present"), ("audio", "audio_present")):
+                if key in batch:  # the cache holds zeros there, but a normalised zero pixel is not 0
+                    batch[key][~batch[flag]] = 0.0
         batch["index"] = torch.tensor(indices)
         return CollatedBatch(batch, len(indices))
+
+    def _presence(self, indices: list[int]) -> dict[str, Tensor]:
+        """``image_present`` / ``audio_present`` of rows `indices` (bool ``[len(indices)]``)."""
+        return {
+            "image_present": torch.tensor([bool(self.images[i]) for i in indices]),
+            "audio_present": torch.tensor([bool(self.audio[i]) for i in indices]),
+        }
 
     def _target(self, index: int) -> dict[str, Tensor]:
         target = self.targets[index]
@@ -415,6 +446,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         cache = self.cache
         crop = None
         if self.train and self.augment and "image" in self.modalities:
+            # Drawn even for a row without its image: the audio crop drawn next is the one a full row gets.
             crop = Crop(flip=bool(torch.rand(()) < 0.5)) if cache is not None else sample_crop(1.0)
         start = 0
         if "image" in self.modalities:
@@ -433,10 +465,14 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             )
         if self.has_label:
             item.update(self._target(index))
+        if self.partial:
+            item.update({key: flags[0] for key, flags in self._presence([index]).items()})
         item["index"] = index
         return item
 
     def _image(self, index: int, crop: Crop | None) -> Tensor:
+        if not self.images[index]:
+            return torch.zeros(3, self.image_size, self.image_size)  # absent: the placeholder
         if self.cache is not None:
             pixels = normalise_u8(torch.from_numpy(np.array(self.cache.images[index])), self.image_norm)
             return pixels.flip(-1) if crop is not None and crop.flip else pixels
@@ -444,12 +480,16 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         return self._guard(index, "image", self.images[index], lambda p: load_image(p, self.image_size, crop, norm))
 
     def _mask(self, index: int, crop: Crop | None) -> Tensor:
+        if not self.masks[index]:
+            return torch.zeros(1, self.image_size, self.image_size)  # the row has no image, so no mask
         if self.cache is not None:
             mask = torch.from_numpy(np.array(self.cache.masks[index], dtype=np.float32) * (1 / 255))
             return mask.flip(-1) if crop is not None and crop.flip else mask
         return self._guard(index, "mask", self.masks[index], lambda p: load_mask(p, self.image_size, crop))
 
     def _audio(self, index: int) -> tuple[Tensor, int]:
+        if not self.audio[index]:  # absent: zeros of the usual shape (log-mel frames when cached)
+            return torch.zeros(self.cache.audio.shape[1:] if self.cache is not None else (1, self.num_samples)), 0
         if self.cache is not None:
             return torch.from_numpy(np.array(self.cache.audio[index])), self.cache.starts[index]
         path = self.audio[index]
@@ -485,14 +525,14 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         start = 0
         from sss.data._decode import load_image_u8
 
-        if "image" in self.modalities:
+        if "image" in self.modalities and self.images[index]:  # an absent modality stays None: zeros in the cache
             size, norm = self.image_size, self.image_norm
             image = self._guard(index, "image", self.images[index], lambda p: load_image_u8(p, size, norm))
-        if self.has_mask:
+        if self.has_mask and self.masks[index]:
             mask = self._guard(
                 index, "mask", self.masks[index], lambda p: load_mask(p, self.image_size).mul(255).round()
             )
-        if "audio" in self.modalities:
+        if "audio" in self.modalities and self.audio[index]:
             wave, start = self._guard(
                 index, "audio", self.audio[index], lambda p: load_audio(p, self.sample_rate, self.num_samples)
             )
@@ -537,6 +577,27 @@ def _file_error(message: str, file: str, reason: str = "") -> DataError:
     err = DataError(message)
     err.file, err.reason = file, reason
     return err
+
+
+def _empty(value: Any) -> bool:
+    """Whether a cell holds nothing: missing, None (JSON null), or only blanks."""
+    return value is None or str(value).strip() == ""
+
+
+def _check_absences(given: dict[str, bool]) -> None:
+    """Refuse a two-modality row that has neither modality, or a mask or events without the input they belong to."""
+    if not given["image"] and not given["audio"]:
+        raise DataError("has neither an image nor an audio file; a row needs at least one")
+    if given["mask"] and not given["image"]:
+        raise DataError(
+            "has an empty image path but a mask file; a mask belongs to its image: give the image, or leave the "
+            "mask cell empty too"
+        )
+    if given["events"] and not given["audio"]:
+        raise DataError(
+            "has an empty audio path but an events table; events belong to its audio: give the audio, or leave "
+            "the events cell empty too"
+        )
 
 
 def _default_classes(root: Path, found: SplitRows, allow_outside_root: bool = False) -> list[str]:

@@ -139,6 +139,9 @@ class Source(abc.ABC):
     has_label: bool = True
     has_mask: bool = False
     event_classes: list[str] = field(default_factory=list)
+    partial: bool = True
+    """With two modalities: whether a record may lack one (True when the source cannot tell without reading it).
+    Only then do items carry ``image_present`` / ``audio_present``, as a manifest with an empty cell does."""
 
     @property
     def has_events(self) -> bool:
@@ -188,6 +191,10 @@ class RecordDecoder:
     ``"label"`` or ``"labels"``, ``"index"``. Random crops and flips (``train`` and ``augment``) are drawn from
     torch's CPU generator: the caller seeds it per (seed, epoch, index), as `ManifestDataset` does.
 
+    With both modalities, a record without image or audio bytes (None, empty) lacks that modality: its input
+    (and the mask of a missing image) is zeros, and ``"image_present"`` / ``"audio_present"`` (bool ``[]``) say
+    which it has. A record with neither, a mask without its image or events without their audio is refused.
+
     Example:
         >>> import io
         >>> import numpy as np, soundfile as sf
@@ -216,8 +223,10 @@ class RecordDecoder:
         augment: bool = True,
         event_frame_rate: float = 100.0,
         image_norm: ImageNorm | None = None,
+        partial: bool = True,
     ) -> None:
         self.num_classes, self.modalities, self.multilabel = len(classes), modalities, multilabel
+        self.flags = partial and len(modalities) == 2  # items carry the presence flags (`Source.partial`)
         self.has_label, self.has_mask, self.num_events = has_label, has_mask, len(event_classes)
         self.image_size, self.sample_rate = image_size, sample_rate
         self.num_samples = round(sample_rate * clip_seconds)
@@ -235,6 +244,7 @@ class RecordDecoder:
             has_label=source.has_label,
             has_mask=source.has_mask,
             event_classes=source.event_classes,
+            partial=source.partial,
             **settings,
         )
 
@@ -243,24 +253,44 @@ class RecordDecoder:
         item: dict[str, Any] = {}
         crop: Crop | None = None
         if self.train and self.augment and "image" in self.modalities:
-            crop = sample_crop(1.0)
-        start = 0
+            crop = sample_crop(1.0)  # drawn even without the image: the audio crop after it is a full record's
+        present = self._presence(record)
+        size, start = self.image_size, 0
         if "image" in self.modalities:
-            item["image"] = self._field(
-                record, "image", lambda b: load_image(b, self.image_size, crop, self.image_norm)
-            )
+            load_img = lambda b: load_image(b, size, crop, self.image_norm)  # noqa: E731
+            item["image"] = self._field(record, "image", load_img) if present["image"] else torch.zeros(3, size, size)
         if "audio" in self.modalities:
             load = lambda b: load_audio(b, self.sample_rate, self.num_samples, train=self.train)  # noqa: E731
-            item["audio"], start = self._field(record, "audio", load)
+            absent = (torch.zeros(1, self.num_samples), 0)
+            item["audio"], start = self._field(record, "audio", load) if present["audio"] else absent
         if self.has_mask:
-            item["mask"] = self._field(record, "mask", lambda b: load_mask(b, self.image_size, crop))
+            load_m = lambda b: load_mask(b, size, crop)  # noqa: E731
+            item["mask"] = self._field(record, "mask", load_m) if present["image"] else torch.zeros(1, size, size)
         if self.num_events:
             rate, frames = self.event_frame_rate, self.num_frames
             item["events"] = event_frames(record.events, self.num_events, frames, rate, start / self.sample_rate)
         if self.has_label:
             item.update(self._target(record))
+        if self.flags:
+            item.update({f"{m}_present": torch.tensor(present[m]) for m in self.modalities})
         item["index"] = index
         return item
+
+    def _presence(self, record: Record) -> dict[str, bool]:
+        """Which of its modalities `record` has; only two-modality data may lack one (then never both)."""
+        if len(self.modalities) < 2:
+            return {m: True for m in self.modalities}  # a record without its only modality is refused by _field
+        found = {m: bool(getattr(record, m)) for m in self.modalities}
+        reason = None
+        if not any(found.values()):
+            reason = "has neither an image nor an audio; a sample needs at least one"
+        elif record.mask and not found["image"]:
+            reason = "has a mask but no image; a mask belongs to its image: give the image or drop the mask"
+        elif record.events and not found["audio"]:
+            reason = "has events but no audio; events belong to their audio: give the audio or drop the events"
+        if reason is not None:
+            raise record_error(record.file, record.row, record.key, reason)
+        return found
 
     def _field(self, record: Record, kind: str, load: Any) -> Any:
         data = getattr(record, kind)

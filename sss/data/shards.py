@@ -16,7 +16,9 @@ re-encoded (FLAC, PNG); masks are PNG. The ``.json`` member holds ``label`` (or 
 ``shards.json`` holds ``format``, ``version`` and, per split, its flags (``modalities``, ``multilabel``,
 ``has_label``, ``has_mask``) and shard list; per shard the ``file``, ``samples``, ``size`` and ``sha256`` of
 the whole tar, and per sample its ``key``, ``duration`` (audio seconds, for clip-length inference) and
-``members``: extension -> ``[offset, size, crc32]`` of the member's data inside the tar.
+``members``: extension -> ``[offset, size, crc32]`` of the member's data inside the tar. A sample of two-modality
+data that lacks its image or audio (an empty manifest cell) has no member for it and lists it in ``absent``
+(``["image"]``, with its mask, or ``["audio"]``); it reads back without it (`sss.data.presence`).
 
 Why the standard library's ``tarfile`` and not the ``webdataset`` package: an exact O(1) resume needs a seek
 to the first sample's data offset, which only an index of member offsets gives; webdataset's pipeline reads
@@ -200,7 +202,8 @@ def _pack_split(rows: ManifestDataset, split: str, src: Path, folder: Path, size
             continue
         if writer is None:
             writer = _ShardWriter(folder / f"{split}-{len(shards):06d}.tar")
-        writer.add(f"{split}_{count:07d}", members, duration)
+        absent = [m for m, paths in (("image", rows.images), ("audio", rows.audio)) if paths and not paths[i]]
+        writer.add(f"{split}_{count:07d}", members, duration, absent)
         count += 1
         if writer.count == size:
             shards.append(writer.close())
@@ -217,13 +220,14 @@ def _sample(rows: ManifestDataset, i: int, src: Path) -> tuple[dict[str, bytes],
     """Row ``i``'s members (extension -> bytes), each file decoded by sss's loaders first, and its audio seconds."""
     members: dict[str, bytes] = {}
     duration = None
-    if "audio" in rows.modalities:
+    # An absent modality ("" in the rows: two-modality data) writes no member; the index lists it (absent).
+    if "audio" in rows.modalities and rows.audio[i]:
         ext, data, duration = _checked(rows, i, "audio", rows.audio[i], _audio_member)
         members[ext] = data
-    if "image" in rows.modalities:
+    if "image" in rows.modalities and rows.images[i]:
         ext, data = _checked(rows, i, "image", rows.images[i], lambda b: _image_member(b, mask=False))
         members[ext] = data
-    if rows.has_mask:
+    if rows.has_mask and rows.masks[i]:
         members["mask.png"] = _checked(rows, i, "mask", rows.masks[i], lambda b: _image_member(b, mask=True))[1]
     meta: dict[str, Any] = {}
     if rows.has_label:
@@ -299,8 +303,10 @@ class _ShardWriter:
         self.path, self.count, self.samples = path, 0, []
         self.tar = tarfile.open(path, "w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed in close()
 
-    def add(self, key: str, members: dict[str, bytes], duration: float | None) -> None:
+    def add(self, key: str, members: dict[str, bytes], duration: float | None, absent: list[str]) -> None:
         entry: dict[str, Any] = {"key": key, "duration": duration, "members": {}}
+        if absent:  # only then: a full sample's entry is what it always was
+            entry["absent"] = absent
         for ext in sorted(members):
             data = members[ext]
             info = tarfile.TarInfo(f"{key}.{ext}")
@@ -462,6 +468,7 @@ def open_shards(
         has_mask=bool(entry["has_mask"]),
         event_classes=_names(root / "event_classes.txt") if has_events else [],
         samples=samples,
+        partial=any("absent" in e for index in samples for e in index),
     )
 
 

@@ -25,6 +25,10 @@ whether the two signals agree (``match``: 0 degrees with the beep, 90 with the h
 modality alone is independent of the label: an image-only or audio-only model sits at 50%. The
 factors are textures (an orientation, a spectrum) that an untrained pooled CNN already separates,
 so a fusion learns the agreement from the label alone within a few hundred steps.
+
+``task="redundant"``: four machines, each shown by its grille's slat angle and heard by its own sound,
+each modality corrupted alone (the image in 5% of the samples, the audio in 30%: `sss.data._redundant`).
+``missing=`` (any task) leaves image or audio cells empty, never both in a row (`make_industrial`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import time
 import uuid
 import wave
 import zlib
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -49,10 +54,12 @@ import numpy as np
 
 from sss._writing import writing_to
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
-from sss.data import _render  # the binding task's scenes reuse the default's floor, lamp and hum
+from sss.data import _redundant, _render  # the binding task's scenes reuse the default's floor, lamp and hum
 from sss.data._decode import file_lock
+from sss.data._redundant import REDUNDANT_CLASSES, REDUNDANT_SHADOWS, REDUNDANT_SOUNDS, REDUNDANT_VERSION
 from sss.data._render import EVENT_TYPES, Event, render_audio, render_image
 from sss.data.folder import ManifestDataModule
+from sss.data.presence import parse_missing
 
 try:
     import fcntl
@@ -65,6 +72,9 @@ __all__ = [
     "BINDING_SOUNDS",
     "CLASSES",
     "GENERATOR_VERSION",
+    "REDUNDANT_CLASSES",
+    "REDUNDANT_SHADOWS",
+    "REDUNDANT_SOUNDS",
     "TASKS",
     "IndustrialDataModule",
     "make_industrial",
@@ -82,8 +92,10 @@ BINDING_SHADOWS = ("slats_0", "slats_90")
 BINDING_SOUNDS = ("beep", "hiss")
 """The binding task's audio factor, in partner order: ``BINDING_SOUNDS[k]`` matches ``BINDING_SHADOWS[k]``."""
 
-TASKS = ("default", "binding")
+TASKS = ("default", "binding", "redundant")
 """The labelling tasks of the generator (see the module docstring)."""
+
+_TASK_CLASSES = {"default": CLASSES, "binding": BINDING_CLASSES, "redundant": REDUNDANT_CLASSES}
 
 GENERATOR_VERSION = 3
 """Bump when the generator's output changes, so cached datasets are regenerated."""
@@ -91,6 +103,7 @@ GENERATOR_VERSION = 3
 BINDING_VERSION = 2
 """Bump when the binding task's rendering changes (its stamp records it; the default task's stamp does not)."""
 
+_TASK_VERSIONS = {"binding": BINDING_VERSION, "redundant": REDUNDANT_VERSION}
 _SPLITS = ("train", "val", "test")
 _STAMP = "sss-dataset.json"  # written last, inside the folder that is renamed into place: its presence means complete
 
@@ -106,6 +119,7 @@ def make_industrial(
     sample_rate: int = 16000,
     clip_seconds: float = 1.0,
     task: str = "default",
+    missing: Mapping[str, float] | None = None,
 ) -> Path:
     """Generate the synthetic industrial dataset into ``out_dir`` (or reuse it if already there).
 
@@ -129,7 +143,12 @@ def make_industrial(
         task: ``"default"`` (the four classes above) or ``"binding"`` (``match`` when the shadow's slat
             angle and the sound are partners, else ``mismatch``: each modality alone is independent of
             the label; the manifests get ``shadow`` and ``sound`` columns, from `BINDING_SHADOWS` and
-            `BINDING_SOUNDS`).
+            `BINDING_SOUNDS`) or ``"redundant"`` (`REDUNDANT_CLASSES`: image and audio both carry the label,
+            each corrupted alone, the image in 5% of the samples and the audio in 30%; ``shadow`` and
+            ``sound`` columns, ``noise`` where corrupted).
+        missing: ``{"image": 0.3, "audio": 0.2}``: the image cell (and the row's ``mask`` cell) is empty in
+            a seeded 30% of the rows of each split, the audio cell (and its ``events`` cell) in another 20%,
+            never both in one row; those files are not written, nor their events. Recorded in the stamp.
 
     Returns:
         ``out_dir`` as a `Path`.
@@ -145,7 +164,7 @@ def make_industrial(
         ...     (root / "classes.txt").read_text().split(), sorted(p.name for p in root.glob("*.csv"))
         (['idle', 'fault', 'passerby', 'collision'], ['train.csv', 'val.csv'])
     """
-    args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task)
+    args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task, missing)
     _generate_once(Path(out_dir), args)
     return Path(out_dir)
 
@@ -159,6 +178,7 @@ def _arguments(
     sample_rate: int,
     clip_seconds: float,
     task: str = "default",
+    missing: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The generator's arguments as a plain dict (what the stamp and the cache key record), checked."""
     if n_train < 1 or n_val < 0 or n_test < 0:
@@ -170,6 +190,7 @@ def _arguments(
         )
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    missing = _missing_rates(missing)
     return {
         "n_train": int(n_train),
         "n_val": int(n_val),
@@ -179,16 +200,29 @@ def _arguments(
         "sample_rate": int(sample_rate),
         "clip_seconds": float(clip_seconds),
         "task": task,
-    }
+    } | ({"missing": missing} if missing else {})
+
+
+def _missing_rates(missing: Mapping[str, float] | None) -> dict[str, float]:
+    """``missing`` checked: image and audio rates in [0, 1] adding up to at most 1 (never both absent in a row)."""
+    rates = {name: rate for name, rate in parse_missing(missing).items() if rate > 0}
+    if sum(rates.values()) > 1:
+        raise ValueError(
+            f"missing rates {rates} add up to more than 1: a row never lacks both modalities, so at most "
+            "1 - (image rate) of the rows can lack their audio"
+        )
+    return {name: rates[name] for name in ("image", "audio") if name in rates}
 
 
 def _stamp(args: dict[str, Any]) -> dict[str, Any]:
     # The task is part of the stamp (and so of the cache key) except for the default task, whose
     # stamp stays the one written before tasks existed: those datasets and caches are still reused.
+    # So is `missing`, recorded only when some cells are empty.
     args = dict(args)
-    task = args.pop("task", "default")
+    task, missing = args.pop("task", "default"), args.pop("missing", None)
     stamp = {"generator": "industrial", "version": GENERATOR_VERSION, "args": args}
-    return stamp if task == "default" else {**stamp, "task": task, "task_version": BINDING_VERSION}
+    stamp |= {} if task == "default" else {"task": task, "task_version": _TASK_VERSIONS[task]}
+    return stamp | ({"missing": missing} if missing else {})
 
 
 def _is_complete(out_dir: Path, args: dict[str, Any]) -> bool:
@@ -270,41 +304,84 @@ def _write_files(files: list[tuple[str, bytes]]) -> None:
 
 
 def _render_splits(root: Path, args: dict[str, Any], events: list[tuple[str, Event]], write: Any) -> None:
-    binding = args["task"] == "binding"
-    header = ["image", "audio", "label", "mask", "events"] + (["shadow", "sound"] if binding else [])
+    task = args["task"]
+    header = ["image", "audio", "label", "mask", "events"] + (["shadow", "sound"] if task != "default" else [])
     for split_id, split in enumerate(_SPLITS):
         count = args[f"n_{split}"]
         if count == 0:
             continue
         # Exactly balanced classes (and, for binding, factor pairs: _PAIRS) up to n % 4, in a seeded random order.
-        cycle = len(_PAIRS) if binding else len(CLASSES)
+        cycle = len(_PAIRS) if task == "binding" else len(CLASSES)
         labels = np.random.default_rng([args["seed"], split_id]).permutation(np.arange(count) % cycle)
+        noisy = _redundant.corrupted(args["seed"], split_id, count) if task == "redundant" else None
+        absent = _absent_cells(args, split_id, count)
         rows = []
         for index, label in enumerate(labels.tolist()):
             name = f"{split}_{index:05d}"
             key = (args["seed"], split_id, index)
             row = [f"images/{name}.png", f"audio/{name}.wav", "", f"masks/{name}.png", "events.tsv"]
-            if binding:
+            sink = _leaving_out(write, absent[index])
+            if task == "binding":
                 shadow, sound = _PAIRS[label]
-                event: Event | None = _write_binding_sample(root, name, shadow, sound, key, args, write)
+                event: Event | None = _write_binding_sample(root, name, shadow, sound, key, args, sink)
                 row[2] = BINDING_CLASSES[int(shadow == sound)]
                 row += [BINDING_SHADOWS[shadow], BINDING_SOUNDS[sound]]
+            elif noisy is not None:
+                corrupt = (bool(noisy[0][index]), bool(noisy[1][index]))
+                event = _write_redundant_sample(root, name, label, corrupt, key, args, sink)
+                row[2] = REDUNDANT_CLASSES[label]
+                row += [_redundant.NOISE if corrupt[0] else REDUNDANT_SHADOWS[label]]
+                row += [_redundant.NOISE if corrupt[1] else REDUNDANT_SOUNDS[label]]
             else:
-                event = _write_sample(root, name, label, key, args, write)
+                event = _write_sample(root, name, label, key, args, sink)
                 row[2] = CLASSES[label]
+            for column in _ABSENT_COLUMNS.get(absent[index], ()):
+                if column < len(row):
+                    row[column] = ""
             rows.append(row)
-            if event is not None:
+            if event is not None and absent[index] != "audio":
                 events.append((f"{name}.wav", event))
         _write_table(root / f"{split}.csv", header, rows, ",")
+
+
+_ABSENT_COLUMNS = {"image": (0, 3, 5), "audio": (1, 4, 6)}
+"""The cells a row without that modality leaves empty: its mask needs the image, its events the audio, and the
+``shadow`` / ``sound`` columns describe the file that is not there."""
+
+
+def _absent_cells(args: dict[str, Any], split_id: int, count: int) -> list[str]:
+    """Per row of a split: ``"image"``, ``"audio"`` (the modality it lacks) or ``""``; never both.
+
+    Exactly ``round(rate * count)`` rows of each, disjoint, from one seeded permutation of its own
+    stream, so the samples themselves (and which class each row is) do not change with ``missing``.
+
+    Example:
+        >>> cells = _absent_cells({"seed": 0, "missing": {"image": 0.3, "audio": 0.2}}, 0, 100)
+        >>> cells.count("image"), cells.count("audio"), cells.count("")
+        (30, 20, 50)
+    """
+    rates = args.get("missing") or {}
+    order = np.random.default_rng([args["seed"], split_id, 0xAB5E]).permutation(count)
+    n_image = round(rates.get("image", 0.0) * count)
+    n_audio = min(round(rates.get("audio", 0.0) * count), count - n_image)
+    return ["image" if k < n_image else "audio" if k < n_image + n_audio else "" for k in order.tolist()]
+
+
+def _leaving_out(write: Any, modality: str) -> Any:
+    """`write` without the files of `modality` (a dead sensor writes none): images and masks, or the clip."""
+    if not modality:
+        return write
+    folders = {"image": ("images", "masks"), "audio": ("audio",)}[modality]
+    return lambda files: write([(path, data) for path, data in files if Path(path).parent.name not in folders])
 
 
 def _finish(root: Path, args: dict[str, Any], events: list[tuple[str, Event]]) -> None:
     rows = [[name, f"{e.onset:.3f}", f"{e.offset:.3f}", e.label] for name, e in events]
     _write_table(root / "events.tsv", ["filename", "onset", "offset", "event_label"], rows, "\t")
-    classes = BINDING_CLASSES if args["task"] == "binding" else CLASSES
+    classes = _TASK_CLASSES[args["task"]]
     (root / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
     # Fixed event order, whatever transients a small dataset happens to contain.
-    event_types = BINDING_SOUNDS if args["task"] == "binding" else EVENT_TYPES
+    event_types = {"binding": BINDING_SOUNDS, "redundant": REDUNDANT_SOUNDS}.get(args["task"], EVENT_TYPES)
     (root / "event_classes.txt").write_text("".join(f"{name}\n" for name in event_types))
     (root / _STAMP).write_text(json.dumps(_stamp(args), indent=2) + "\n")
 
@@ -318,6 +395,25 @@ def _write_sample(
     image, mask = render_image(image_rng, args["image_size"], moving=label >= 2)
     rate = args["sample_rate"]
     samples, event = render_audio(audio_rng, rate, round(rate * args["clip_seconds"]), transient=label % 2 == 1)
+    files = [("images", ".png", _png(image)), ("masks", ".png", _png(mask)), ("audio", ".wav", _wav(samples, rate))]
+    write([(os.path.join(root, folder, name + suffix), data) for folder, suffix, data in files])
+    return event
+
+
+def _write_redundant_sample(
+    root: Path,
+    name: str,
+    label: int,
+    corrupt: tuple[bool, bool],
+    key: tuple[int, int, int],
+    args: dict[str, Any],
+    write: Any,
+) -> Event | None:
+    """`_write_sample` for the redundant task: class `label`'s grille and sound, each noise where `corrupt` says."""
+    image_rng, audio_rng = (np.random.default_rng([*key, stream]) for stream in (0, 1))
+    image, mask = _redundant.redundant_image(image_rng, args["image_size"], label, corrupt[0])
+    rate = args["sample_rate"]
+    samples, event = _redundant.redundant_audio(audio_rng, rate, round(rate * args["clip_seconds"]), label, corrupt[1])
     files = [("images", ".png", _png(image)), ("masks", ".png", _png(mask)), ("audio", ".wav", _wav(samples, rate))]
     write([(os.path.join(root, folder, name + suffix), data) for folder, suffix, data in files])
     return event
@@ -478,8 +574,10 @@ class IndustrialDataModule(ManifestDataModule):
         cache: None or ``"features"`` (see `ManifestDataModule`).
         cache_dir: Parent folder of feature caches.
         n_mels: Mel bins of cached features (the model's ``n_mels``).
-        task: ``"default"`` (classes `CLASSES`) or ``"binding"`` (classes `BINDING_CLASSES`: the label
-            is whether the shadow's slat angle and the sound agree; see `make_industrial`).
+        task: ``"default"`` (classes `CLASSES`), ``"binding"`` (classes `BINDING_CLASSES`: the label
+            is whether the shadow's slat angle and the sound agree) or ``"redundant"`` (classes
+            `REDUNDANT_CLASSES`: both modalities carry the label, each corrupted alone; see `make_industrial`).
+        missing: ``{"image": 0.3, "audio": 0.2}``: rows without their image / audio (see `make_industrial`).
 
     Example:
         >>> import tempfile
@@ -513,9 +611,11 @@ class IndustrialDataModule(ManifestDataModule):
         cache: Literal["features"] | None = None,
         cache_dir: str | None = None,
         n_mels: PositiveInt = 64,
-        task: Literal["default", "binding"] = "default",
+        task: Literal["default", "binding", "redundant"] = "default",
+        missing: Mapping[str, float] | None = None,
     ) -> None:
-        self.generator_args = _arguments(n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task)
+        args = (n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task, missing)
+        self.generator_args = _arguments(*args)
         super().__init__(
             str(_cache_dir(self.generator_args) if root is None else root),
             batch_size=batch_size,
@@ -532,7 +632,7 @@ class IndustrialDataModule(ManifestDataModule):
             cache_dir=cache_dir,
             seed=seed,
         )
-        self.classes = list(BINDING_CLASSES if task == "binding" else CLASSES)
+        self.classes = list(_TASK_CLASSES[task])
 
     def setup(self, stage: str) -> None:
         """Generate the dataset if it is not there yet, then read its manifests."""

@@ -1,4 +1,4 @@
-"""Dataset-level classification metrics: single-label (accuracy, top-k, F1) and multi-label (mAP, mAUC, F1).
+"""Dataset-level classification metrics: single-label (accuracy, top-k, F1) and multi-label (mAP, mAUC, d′, F1).
 
 The functions take the whole evaluation set at once, already gathered from every process with
 ``accelerator.gather_for_metrics``, and return plain floats ready for a logger. Definitions follow
@@ -8,7 +8,9 @@ the literature's definitions: macro-F1 averages over *all* classes with an undef
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import torch
 from torch import Tensor
@@ -18,7 +20,7 @@ from torchmetrics.functional.classification import (
     multiclass_confusion_matrix,
 )
 
-__all__ = ["confusion_matrix", "multiclass_metrics", "multilabel_metrics"]
+__all__ = ["confusion_matrix", "dprime", "multiclass_metrics", "multilabel_metrics"]
 
 
 def multiclass_metrics(
@@ -78,12 +80,13 @@ def multilabel_metrics(
     class_names: Sequence[str] | None = None,
     logits: bool = True,
 ) -> dict[str, float]:
-    """mAP, micro-AP, mAUC and thresholded macro/micro F1 of a multi-label task (AudioSet convention).
+    """mAP, micro-AP, mAUC, d′ and thresholded macro/micro F1 of a multi-label task (AudioSet convention).
 
     ``map`` is the mean of the non-interpolated AP (sklearn ``average_precision_score``) over the
     classes with at least one positive; the others have no AP and are left out, not counted as 0.
     ``micro_ap`` is the AP of all (sample, class) pairs pooled. ``mauc`` averages ROC AUC over the
-    classes with both positives and negatives. A value is ``nan`` when no class qualifies.
+    classes with both positives and negatives; ``dprime`` is `dprime` of ``mauc`` (AST and PSLA report
+    d′ from the mean AUC, not the mean of per-class d′). A value is ``nan`` when no class qualifies.
     F1 binarises ``sigmoid(scores) >= threshold`` (or ``scores >= threshold`` when ``logits`` is
     false) and, like `multiclass_metrics`, averages over all classes with an undefined F1 set to 0.
 
@@ -95,8 +98,8 @@ def multilabel_metrics(
         logits: Whether ``scores`` are logits.
 
     Returns:
-        ``map``, ``micro_ap``, ``mauc``, ``macro_f1``, ``micro_f1``, ``ap/{name}`` for the classes with
-        a positive, ``f1/{name}`` for all.
+        ``map``, ``micro_ap``, ``mauc``, ``dprime``, ``macro_f1``, ``micro_f1``, ``ap/{name}`` for the
+        classes with a positive, ``f1/{name}`` for all.
 
     Example:
         >>> import torch
@@ -105,6 +108,8 @@ def multilabel_metrics(
         >>> m = multilabel_metrics(probs, target, logits=False)
         >>> round(m["map"], 4), round(m["micro_ap"], 4), round(m["ap/2"], 4), round(m["macro_f1"], 4)
         (0.6944, 0.7833, 0.25, 0.5556)
+        >>> list(m)[:4], round(m["mauc"], 4), round(m["dprime"], 4)
+        (['map', 'micro_ap', 'mauc', 'dprime'], 0.5833, 0.2976)
     """
     num_classes = _check_scores(scores, "scores")
     if target.shape != scores.shape:
@@ -120,6 +125,36 @@ def multilabel_metrics(
     f1 = _f1_metrics(tp, (pred & ~truth).sum(dim=0), (~pred & truth).sum(dim=0), names)
     f1 = {k: v for k, v in f1.items() if not k.startswith(("precision/", "recall/"))}
     return _ranking_metrics(scores, truth, names) | f1
+
+
+def dprime(auc: float) -> float:
+    """The sensitivity index d′ = √2·Φ⁻¹(AUC) of a ROC AUC (Φ⁻¹: the standard normal quantile).
+
+    The d′ of two unit-variance Gaussians whose ROC curve has this area, as AudioSet papers (AST,
+    PSLA) report it beside mAUC. An AUC of 0.5 gives 0, 1.0 gives ``inf`` (0.0 gives ``-inf``), NaN
+    gives NaN; JSON writers turn the non-finite values into null.
+
+    Args:
+        auc: Area under the ROC curve, in [0, 1] (or NaN).
+
+    Returns:
+        d′ as a float.
+
+    Raises:
+        ValueError: `auc` is outside [0, 1].
+
+    Example:
+        >>> round(dprime(0.9), 4), dprime(0.5), dprime(1.0)
+        (1.8124, 0.0, inf)
+    """
+    auc = float(auc)
+    if math.isnan(auc):
+        return math.nan
+    if not 0.0 <= auc <= 1.0:
+        raise ValueError(f"an AUC must be in [0, 1], got {auc}")
+    if auc in (0.0, 1.0):  # NormalDist.inv_cdf raises at 0 and 1; the limits are -inf and inf
+        return math.copysign(math.inf, auc - 0.5)
+    return math.sqrt(2.0) * NormalDist().inv_cdf(auc)
 
 
 def confusion_matrix(preds: Tensor, target: Tensor, num_classes: int) -> Tensor:
@@ -206,7 +241,7 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 
 
 def _ranking_metrics(scores: Tensor, truth: Tensor, names: list[str]) -> dict[str, float]:
-    """``map``, ``micro_ap``, ``mauc`` and ``ap/{name}`` (classes with a positive only)."""
+    """``map``, ``micro_ap``, ``mauc``, ``dprime`` and ``ap/{name}`` (classes with a positive only)."""
     # torchmetrics applies a sigmoid to scores outside [0, 1], and a float sigmoid saturates large
     # logits into ties (sigmoid(40.) == 1.0 in float64), which changes AP. AP and AUC only depend on
     # the order of the scores, so hand over dense ranks in [0, 1]: same order, same ties.
@@ -217,8 +252,10 @@ def _ranking_metrics(scores: Tensor, truth: Tensor, names: list[str]) -> dict[st
     ap = {c: binary_average_precision(ranks[:, c], target[:, c]).item() for c in range(len(names)) if positives[c] > 0}
     auc = [binary_auroc(ranks[:, c], target[:, c]).item() for c in range(len(names)) if positives[c] and negatives[c]]
     nan = float("nan")
+    mauc = sum(auc) / len(auc) if auc else nan
     return {
         "map": sum(ap.values()) / len(ap) if ap else nan,
         "micro_ap": binary_average_precision(ranks.flatten(), target.flatten()).item() if ap else nan,
-        "mauc": sum(auc) / len(auc) if auc else nan,
+        "mauc": mauc,
+        "dprime": dprime(mauc),
     } | {f"ap/{names[c]}": value for c, value in ap.items()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -325,8 +326,19 @@ def store_results(out: Path, results: dict[str, Any], resumed: bool) -> Path:
     path = out / "results.json"
     if resumed and path.is_file():
         _keep_earlier_results(path)
-    path.write_text(json.dumps(results, indent=2))
+    # JSON has no NaN or Infinity: an undefined metric (mAUC without a positive) or d' of a perfect AUC is null.
+    path.write_text(json.dumps(_json_safe(results), indent=2))
     return path
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _keep_earlier_results(path: Path) -> None:

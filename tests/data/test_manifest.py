@@ -33,7 +33,7 @@ def test_item_shapes_dtypes_and_normalisation(tmp_path: Path) -> None:
     root = write_folder(tmp_path, [("white.png", "tone.wav", "b"), ("white.png", "tone.wav", "a")])
     dataset = ManifestDataset(root, "train")
     item = dataset[0]
-    assert set(item) == {"image", "audio", "label", "index"}
+    assert set(item) == {"image", "audio", "label", "index"}  # complete rows: no presence flags
     assert item["image"].shape == (3, 64, 64) and item["image"].dtype == torch.float32
     assert item["audio"].shape == (1, 16000) and item["audio"].dtype == torch.float32
     assert item["label"].dtype == torch.long and item["label"].shape == () and item["label"].item() == 1

@@ -102,11 +102,12 @@ def test_multilabel_matches_sklearn(seed, n, k, ties):
 
 def test_multilabel_without_any_positive_has_nan_ranking_metrics():
     m = multilabel_metrics(torch.randn(5, 3), torch.zeros(5, 3), class_names=["x", "y", "z"])
-    assert math.isnan(m["map"]) and math.isnan(m["micro_ap"]) and math.isnan(m["mauc"])
+    assert math.isnan(m["map"]) and math.isnan(m["micro_ap"]) and math.isnan(m["mauc"]) and math.isnan(m["dprime"])
     assert m["macro_f1"] == 0.0 and set(m) == {
         "map",
         "micro_ap",
         "mauc",
+        "dprime",
         "macro_f1",
         "micro_f1",
         "f1/x",

@@ -79,7 +79,9 @@ def test_two_processes_with_workers_train_and_evaluate_rows_without_a_modality(r
 
 @pytest.mark.slow
 def test_one_process_with_workers_and_the_feature_cache(root: Path, tmp_path: Path) -> None:
-    done = _fit(tmp_path, f"data.root={root}", "data.cache=features", f"data.cache_dir={tmp_path / 'cache'}")
+    done = _fit(
+        tmp_path, f"data.root={root}", "data.cache=features", "data.n_mels=32", f"data.cache_dir={tmp_path / 'cache'}"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "robustness" in _results(tmp_path)
 
