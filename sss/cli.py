@@ -63,7 +63,8 @@ class Command:
 _YAML = "YAML config file, e.g. examples/industrial.yaml"
 _STORED = "CONFIG: the YAML config it was trained with (default: the one stored with --ckpt); then overrides"
 _LAUNCH = "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
-_EVALUATE = "[CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--trust-code]"
+_EVALUATE = "[CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--missing MODALITY=RATE] [...]"
+_MISSING = {"missing": {"action": "append", "metavar": "MODALITY=RATE"}}  # repeatable: image=0.5 and audio=0.2
 COMMANDS: dict[str, Command] = {
     "fit": Command(
         commands.fit,
@@ -92,8 +93,12 @@ COMMANDS: dict[str, Command] = {
         f"CONFIG: {_YAML}; then overrides",
         "sss config CONFIG [key=value ...]",
     ),
-    "validate": Command(commands.validate, ("config?",), "[CONFIG] key=value", _STORED, f"sss validate {_EVALUATE}"),
-    "test": Command(commands.test, ("config?",), "[CONFIG] key=value", _STORED, f"sss test {_EVALUATE}"),
+    "validate": Command(
+        commands.validate, ("config?",), "[CONFIG] key=value", _STORED, f"sss validate {_EVALUATE}", options=_MISSING
+    ),
+    "test": Command(
+        commands.test, ("config?",), "[CONFIG] key=value", _STORED, f"sss test {_EVALUATE}", options=_MISSING
+    ),
     "export": Command(
         commands.export,
         ("config?", "out"),
@@ -117,7 +122,9 @@ COMMANDS: dict[str, Command] = {
         "lr, then CONFIG (YAML), then overrides",
         "sss tune lr CONFIG [key=value ...] [--steps N] [--min-lr A] [--max-lr B] [--apply] [--num-processes N]",
     ),
-    "data": Command(commands.data, options={"kind": {"metavar": "industrial|SRC"}, "out": {"metavar": "OUT"}}),
+    "data": Command(
+        commands.data, options={"kind": {"metavar": "industrial|SRC"}, "out": {"metavar": "OUT"}, **_MISSING}
+    ),
     "convert": Command(commands.convert),
 }
 """The subcommands, in the order ``sss --help`` lists them."""

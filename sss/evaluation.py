@@ -1,21 +1,34 @@
-"""Evaluation with a modality ablation: fused, image only, audio only, and the fusion gain.
+"""Evaluation with a modality ablation and a robustness report: fused, image only, audio only, the fusion gain,
+and the metrics with each modality absent in a growing fraction of the samples.
 
-`evaluate` runs a trainer's validation or test pass fused and with each modality zeroed;
+`evaluate` runs a trainer's validation or test pass fused and with each modality absent
+(`sss.data.presence.mark_absent`: its presence mask False and its input a zero placeholder);
 `flat_results` names the figures (``val/accuracy_image_only``, ``val/fusion_gain_accuracy``);
-`print_evaluation` shows them as one table. ``sss fit`` ends with it; ``sss validate`` and
+`print_evaluation` shows them as tables. ``sss fit`` ends with it; ``sss validate`` and
 ``sss test`` are it on a checkpoint.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sss.metrics.task import HEADLINE
 
-__all__ = ["LOWER_IS_BETTER", "evaluate", "flat_results", "modality_keys", "print_evaluation"]
+__all__ = ["ABSENT", "LOWER_IS_BETTER", "ROBUSTNESS_RATES", "evaluate", "flat_results", "is_robustness_pass"]
+__all__ += ["modality_keys", "print_evaluation", "print_robustness", "robustness_metric"]
 
 LOWER_IS_BETTER = ("loss", "ber", "error", "_er")
+
+ROBUSTNESS_RATES = (0.0, 0.25, 0.5, 1.0)
+"""The fractions of samples a modality is absent from in the robustness report (0 and 1 must be among them)."""
+
+ABSENT = "absent"
+"""The robustness passes' metric prefixes: ``val_absent_0.0`` (nothing absent), ``val_absent_image_0.25``, ..."""
+
+REPORTED = (*HEADLINE, "mauc", "dprime", "loss")
+"""The metrics a robustness report keeps per rate, where present: the headline ones, mAUC with d′, the loss."""
 
 
 def evaluate(
@@ -27,19 +40,21 @@ def evaluate(
     dataloaders: Any = None,
     ablation: bool = True,
     reuse_last: bool = False,
+    missing: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `module` on a split, then (with two modalities and `ablation`) with each modality zeroed.
+    """Evaluate `module` on a split; with two modalities and `ablation`, also with each modality absent.
 
-    With `reuse_last`, the fused figures are those of the trainer's latest pass over the split (the
-    validation at the end of ``fit``, with these weights), and only the ablation passes run.
-    Afterwards ``trainer.state`` (``eval_metrics``, ``eval_outputs``) describes the fused pass.
-
-    Returns ``{"split", "samples", "metrics", "ablation": {"image_only": ..., "audio_only": ...},
-    "confusion_matrix"}``; metric names carry no prefix. "image only" means the audio was zeroed,
-    and the reverse: what each modality achieves alone, from which `flat_results` derives the
-    fusion gain. The batch key zeroed for each modality is the module's `modality_keys` entry
-    (``LitModule.modality_keys``; ``image`` and ``audio`` by default); a module that names fewer
-    than both gets no ablation.
+    "Image only" is the pass with the audio absent from every sample (`sss.data.presence.mark_absent`: its
+    ``audio_present`` mask False, its input a zero placeholder; zeroed in a tuple batch), and the reverse;
+    `flat_results` derives the fusion gain from them. Each modality's batch key is the module's `modality_keys`
+    entry; a module naming fewer than both gets no ablation. The robustness report holds the metrics
+    (`REPORTED`) with each modality absent from a seeded fraction of the samples, at each of `ROBUSTNESS_RATES`
+    (those absent at 0.25 are absent at 0.5 too): rate 0 is one pass through the same path with nothing
+    absent, rate 1 the ablation pass. `missing` (``{"image": 0.5}``) makes modalities absent in the fused pass
+    only (``sss validate --missing``). With `reuse_last`, the fused figures are the trainer's latest pass over
+    the split (the validation at the end of ``fit``). Afterwards ``trainer.state`` describes the fused pass.
+    Returns ``{"split", "samples", "missing", "metrics", "ablation": {"image_only", "audio_only"}, "robustness":
+    {"image": {"0.0": {...}, "0.25", "0.5", "1.0"}, "audio"}, "confusion_matrix"}``.
 
     Example:
         >>> from sss import SSSTrainer
@@ -47,36 +62,77 @@ def evaluate(
         >>> trainer = SSSTrainer(mixed_precision="no", log={"progress": False, "trackers": []})
         sss: mixed precision no
         >>> result = evaluate(trainer, BoringModule(), dataloaders=boring_loader(n=10))
-        >>> result["samples"], sorted(result["ablation"])
-        (10, ['audio_only', 'image_only'])
+        >>> result["samples"], sorted(result["ablation"]), list(result["robustness"]["image"])
+        (10, ['audio_only', 'image_only'], ['0.0', '0.25', '0.5', '1.0'])
     """
-    run = trainer.validate if split == "val" else trainer.test
-    state = trainer.state
+    run, state = (trainer.validate if split == "val" else trainer.test), trainer.state
     last = (dict(state.eval_metrics), state.eval_outputs) if reuse_last and state.eval_metrics else None
-    result: dict[str, Any] = {"split": split, "ablation": {}}
+    result: dict[str, Any] = {"split": split, "missing": dict(missing or {}), "ablation": {}}
     keys = modality_keys(module)
-    modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", None) or keys)
-    if ablation and len(modalities) == 2 and {"image", "audio"} <= set(keys):
-        for kept, zeroed in (("image", "audio"), ("audio", "image")):
-            prefix = f"{split}_{kept}_only"
-            result["ablation"][f"{kept}_only"] = _strip(
-                run(module, datamodule, dataloaders=dataloaders, prefix=prefix, zero=keys[zeroed]), prefix
-            )
-    # The fused pass last, so that trainer.state (eval_outputs, eval_metrics) describes it afterwards.
-    if last is not None:
-        fused, outputs = last
-        state.eval_metrics, state.eval_outputs = last
-    else:
-        fused = run(module, datamodule, dataloaders=dataloaders, prefix=split)
-        outputs = state.eval_outputs
-    result.update(samples=len(outputs["loss"]) if "loss" in outputs else None, metrics=_strip(fused, split))
-    if "preds" in outputs and "target" in outputs and "scores" in outputs:
-        from sss.metrics import confusion_matrix
+    positional = any(isinstance(key, int) for key in keys.values())  # a tuple batch: no room for presence masks
 
-        k = outputs["scores"].shape[-1]
-        result["confusion_matrix"] = confusion_matrix(outputs["preds"].cpu(), outputs["target"].cpu(), k).tolist()
-    order = ("split", "samples", "metrics", "ablation", "confusion_matrix")
-    return {key: result[key] for key in order if key in result}
+    def one(prefix: str, **edit: Any) -> dict[str, float]:
+        return _strip(run(module, datamodule, dataloaders=dataloaders, prefix=prefix, **edit), prefix)
+
+    if ablation and _two_modalities(module, datamodule, keys):
+        for kept, gone in (("image", "audio"), ("audio", "image")):
+            edit = {"zero": keys[gone]} if positional else {"missing": {gone: 1.0}}
+            result["ablation"][f"{kept}_only"] = one(f"{split}_{kept}_only", **edit)
+        if not positional:  # a tuple batch's modality is zeroed for the ablation: no partial absence to report
+            result["robustness"] = _robustness(one, split, result["ablation"])
+    # The fused pass last, so that trainer.state (eval_outputs, eval_metrics) describes it afterwards.
+    if last is not None and not missing:
+        state.eval_metrics, state.eval_outputs = last
+        fused = _strip(last[0], split)
+    else:
+        fused = one(split, missing=missing or None)
+    outputs = state.eval_outputs
+    samples = len(outputs["loss"]) if "loss" in outputs else None
+    result.update(samples=samples, metrics=fused, confusion_matrix=_confusion(outputs))
+    order = ("split", "samples", "missing", "metrics", "ablation", "robustness", "confusion_matrix")
+    return {key: result[key] for key in order if key in result and (key == "samples" or result[key] is not None)}
+
+
+def _two_modalities(module: Any, datamodule: Any, keys: dict[str, Any]) -> bool:
+    modalities = tuple(getattr(datamodule, "modalities", None) or getattr(module, "modalities", None) or keys)
+    return len(modalities) == 2 and {"image", "audio"} <= set(keys)
+
+
+def _robustness(one: Callable[..., dict[str, float]], split: str, alone: dict[str, Any]) -> dict[str, Any]:
+    # Rate 0: one pass, shared by both modalities; rate 1: the ablation pass without the other modality.
+    clean = _reported(one(f"{split}_{ABSENT}_0.0", missing={"image": 0.0, "audio": 0.0}))
+    report: dict[str, dict[str, dict[str, float]]] = {}
+    for modality, other in (("image", "audio"), ("audio", "image")):
+        rows = report[modality] = {}
+        for rate in ROBUSTNESS_RATES:
+            if rate == 0.0:
+                rows[str(rate)] = clean
+            elif rate == 1.0:
+                rows[str(rate)] = _reported(alone[f"{other}_only"])
+            else:
+                rows[str(rate)] = _reported(one(f"{split}_{ABSENT}_{modality}_{rate}", missing={modality: rate}))
+    return report
+
+
+def is_robustness_pass(prefix: str) -> bool:
+    """Whether the metric prefix `prefix` is that of a robustness pass (``val_absent_image_0.25``).
+
+    Example:
+        >>> is_robustness_pass("val_absent_image_0.25"), is_robustness_pass("val_image_only")
+        (True, False)
+    """
+    return prefix.partition("_")[2].startswith(f"{ABSENT}_")
+
+
+def robustness_metric(report: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """The metric a robustness table and curve show: the first headline metric the report holds, else the loss.
+
+    Example:
+        >>> robustness_metric({"image": {"0.0": {"macro_f1": 0.7, "accuracy": 0.8, "loss": 0.5}}})
+        'accuracy'
+    """
+    held = {name for rows in report.values() for row in rows.values() for name in row}
+    return next((name for name in HEADLINE if name in held), "loss")
 
 
 def modality_keys(module: Any) -> dict[str, str]:
@@ -123,7 +179,7 @@ def flat_results(result: dict[str, Any]) -> dict[str, float]:
 
 
 def print_evaluation(result: dict[str, Any], title: str) -> None:
-    """A rich table: each metric fused, image only, audio only, and the fusion gain of the headline ones."""
+    """Rich tables: each metric fused, image only, audio only and the fusion gain; then the robustness report."""
     from rich.console import Console
     from rich.table import Table
 
@@ -137,6 +193,49 @@ def print_evaluation(result: dict[str, Any], title: str) -> None:
         row = [value, alone.get("image_only", {}).get(key), alone.get("audio_only", {}).get(key), gain]
         table.add_row(key, *(_cell(v) for v in row))
     Console().print(table)
+    if result.get("robustness"):
+        print_robustness(result["robustness"], f"{split}: robustness, a modality absent from a fraction of the samples")
+
+
+def print_robustness(report: Mapping[str, Mapping[str, Mapping[str, float]]], title: str) -> None:
+    """A rich table of a robustness report: a row per rate, a column per modality absent, the `robustness_metric`.
+
+    Example:
+        >>> report = {"image": {"0.0": {"accuracy": 0.9}}, "audio": {"0.0": {"accuracy": 0.9}}}
+        >>> print_robustness(report, "demo")  # doctest: +NORMALIZE_WHITESPACE
+                            demo
+        ┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┓
+        ┃             ┃ image absent ┃ audio absent ┃
+        ┃ rate absent ┃     accuracy ┃     accuracy ┃
+        ┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━┩
+        │ 0.0         │       0.9000 │       0.9000 │
+        └─────────────┴──────────────┴──────────────┘
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    metric = robustness_metric(report)
+    table = Table(title=title)
+    table.add_column("rate absent")
+    for modality in report:
+        table.add_column(f"{modality} absent\n{metric}", justify="right")
+    rates = list(next(iter(report.values()), {}))
+    for rate in rates:
+        table.add_row(rate, *(_cell(report[m].get(rate, {}).get(metric)) for m in report))
+    Console().print(table)
+
+
+def _confusion(outputs: dict[str, Any]) -> list[list[int]] | None:
+    from sss.metrics import confusion_matrix
+
+    if not ("preds" in outputs and "target" in outputs and "scores" in outputs):
+        return None
+    k = outputs["scores"].shape[-1]
+    return confusion_matrix(outputs["preds"].cpu(), outputs["target"].cpu(), k).tolist()
+
+
+def _reported(metrics: dict[str, float]) -> dict[str, float]:
+    return {name: metrics[name] for name in REPORTED if name in metrics}
 
 
 def _strip(metrics: dict[str, float], prefix: str) -> dict[str, float]:

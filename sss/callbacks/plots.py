@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["FAMILIES", "EvalPass", "Plots", "family_of"]
+__all__ = ["FAMILIES", "EvalPass", "Plots", "family_of", "robustness_figure"]
 
 MISSING = (
     "Plots needs matplotlib, which sss installs with itself: pip install 'matplotlib>=3.7' "
@@ -97,7 +97,7 @@ class EvalPass:
     """The class predictions of one evaluation pass of the fit: the fused validation (``val``) or an ablation."""
 
     prefix: str
-    """The pass's metric prefix: ``val`` (fused), ``val_image_only`` (audio zeroed), ``val_audio_only``."""
+    """The pass's metric prefix: ``val`` (fused), ``val_image_only`` (audio absent), ``val_audio_only``."""
     step: int
     """``global_step`` when it ran."""
     preds: torch.Tensor
@@ -105,12 +105,12 @@ class EvalPass:
 
     @property
     def what(self) -> str:
-        """``fused (image + audio)``, ``image only (audio zeroed)``, ``audio only (image zeroed)`` or the suffix."""
+        """``fused (image + audio)``, ``image only (audio absent)``, ``audio only (image absent)`` or the suffix."""
         kept = self.prefix.partition("_")[2].removesuffix("_only")
         if not kept:
             return "fused (image + audio)"
-        zeroed = {"image": "audio", "audio": "image"}.get(kept)
-        return f"{kept} only ({zeroed} zeroed)" if zeroed else kept.replace("_", " ")
+        gone = {"image": "audio", "audio": "image"}.get(kept)
+        return f"{kept} only ({gone} absent)" if gone else kept.replace("_", " ")
 
     @property
     def filename(self) -> str:
@@ -133,6 +133,8 @@ class Plots(Callback):
       gathered from all processes), ticks named by the datamodule's ``classes`` (indices otherwise).
       The modality ablation that ``sss fit`` runs at the end gets ``confusion_matrix_image_only.png``
       and ``confusion_matrix_audio_only.png``; each title says which pass, how many samples and the step.
+    * ``robustness.png``: the headline metric against the fraction of samples with a modality absent, a
+      line per modality (`robustness_figure`), when ``sss fit``'s final evaluation sets `robustness`.
 
     ``sss fit`` adds it by default (``trainer.log.plots: false`` turns it off). A resumed fit starts
     its curves with the history logged up to the resumed step, read from
@@ -167,6 +169,8 @@ class Plots(Callback):
         """Dataset-level figures of the fused validation passes: ``{"val/accuracy": [(step, value), ...]}``."""
         self.passes: dict[str, EvalPass] = {}
         """The latest class predictions of each evaluation pass, by prefix (``val``, ``val_audio_only``, ...)."""
+        self.robustness: dict[str, Any] | None = None
+        """A robustness report (`sss.evaluation.evaluate`'s ``robustness``) to draw as ``robustness.png``."""
         self.classes: list[str] | None = None
         self._capturing = False
         self._fitting = False
@@ -180,6 +184,7 @@ class Plots(Callback):
         if self.every_n_steps is None:
             self.every_n_steps = trainer.config.log.every_n_steps
         self.train, self.evals, self.passes, self.files, self.figures = {}, {}, {}, [], {}
+        self.robustness = None
         self._fitting = True
         start = trainer.state.global_step  # above 0 after a resume
         self._history_until = start if start and trainer.accelerator.is_main_process else None
@@ -223,6 +228,10 @@ class Plots(Callback):
         self._capturing = False
         state = trainer.state
         prefix = _prefix(state.eval_metrics)
+        from sss.evaluation import is_robustness_pass  # imports the metrics, and torchmetrics imports matplotlib
+
+        if is_robustness_pass(prefix):  # a point of the robustness curve, not a confusion matrix of its own
+            return
         outputs = state.eval_outputs
         if "preds" in outputs and "target" in outputs:
             preds, target = outputs["preds"].long().cpu(), outputs["target"].long().cpu()
@@ -267,6 +276,8 @@ class Plots(Callback):
         for prefix in sorted(self.passes, key=lambda p: (p != "val", p)):
             one = self.passes[prefix]
             figures[one.filename.removesuffix(".png")] = _confusion(one, classes, num_classes)
+        if self.robustness:
+            figures["robustness"] = robustness_figure(self.robustness)
         return figures
 
     def write(self, folder: Path, classes: Sequence[str] | None = None, num_classes: int | None = None) -> list[Path]:
@@ -378,6 +389,37 @@ def _confusion(one: EvalPass, classes: Sequence[str] | None, num_classes: int | 
     ax.set_title(
         f"{split}, {one.what}: {len(target)} samples at step {one.step}\naccuracy {accuracy:.3f}", fontsize="medium"
     )
+    return fig
+
+
+def robustness_figure(report: dict[str, dict[str, dict[str, float]]], title: str = "") -> Figure:
+    """The robustness curve: x the fraction of samples with the modality absent, y the headline metric, a line each.
+
+    Example:
+        >>> curve = lambda last: {"0.0": {"accuracy": 0.9}, "1.0": {"accuracy": last}}
+        >>> report = {"image": curve(0.7), "audio": curve(0.5)}
+        >>> ax = robustness_figure(report).axes[0]
+        >>> ax.get_ylabel(), [line.get_label() for line in ax.get_lines()]
+        ('accuracy', ['image absent', 'audio absent'])
+    """
+    from sss.evaluation import robustness_metric
+
+    metric = robustness_metric(report)
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    rates: set[float] = set()
+    for i, (modality, rows) in enumerate(report.items()):
+        points = sorted((float(rate), row.get(metric, math.nan)) for rate, row in rows.items())
+        rates |= {rate for rate, _ in points}
+        xs, ys = zip(*points, strict=True) if points else ((), ())
+        size = max(7.0 - 2.0 * i, 3.0)  # each smaller than the one before: equal curves show as nested markers
+        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], markersize=size, label=f"{modality} absent")
+    ax.set_xticks(sorted(rates))
+    ax.set_xlabel("fraction of samples with the modality absent")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"robustness: {metric} with a modality absent", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", frameon=False)
     return fig
 
 

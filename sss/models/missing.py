@@ -222,7 +222,7 @@ def head_outputs(outputs: Mapping[str, Tensor], result: Mapping[str, Tensor]) ->
     """The evaluation values of the presence masks and unimodal heads, beside `result` (the clip values).
 
     - ``mask_counts`` of samples without an image, and the event values of samples without audio, are
-      left out of the metrics: the counts are zeroed, the events get ``event_present``;
+      left out of the metrics: the counts are zeroed, the events get ``event_present`` (in every batch);
     - each unimodal head gives ``<modality>_head_scores`` ``[B, K]`` and ``<modality>_head_present`` ``[B]``,
       which `sss.metrics.task.task_metrics` scores as ``<modality>_head/<metric>`` over the present samples.
 
@@ -235,12 +235,14 @@ def head_outputs(outputs: Mapping[str, Tensor], result: Mapping[str, Tensor]) ->
     image, audio = outputs.get("image_present"), outputs.get("audio_present")
     if image is not None and "mask_counts" in result:
         found["mask_counts"] = result["mask_counts"] * image.view(-1, 1).to(result["mask_counts"].dtype)
-    if audio is not None and "event_probs" in result:
-        found["event_present"] = audio
+    if "event_probs" in result:  # in every batch of a pass, all True without a mask: the gathered keys must agree
+        probs = result["event_probs"]
+        found["event_present"] = audio if audio is not None else probs.new_ones(probs.shape[0], dtype=torch.bool)
     for name, present in (("image", image), ("audio", audio)):
         logits = outputs.get(f"logits_{name}")
         if logits is not None and "scores" in result:
             size = logits.shape[0]
             found[f"{name}_head_scores"] = logits.float()
-            found[f"{name}_head_present"] = present if present is not None else torch.ones(size, dtype=torch.bool)
+            ones = logits.new_ones(size, dtype=torch.bool)
+            found[f"{name}_head_present"] = present if present is not None else ones
     return found

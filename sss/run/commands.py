@@ -113,21 +113,26 @@ def validate(
     no_ablation: bool = False,
     num_processes: int | None = None,
     trust_code: bool = False,
+    missing: list[str] | None = None,
 ) -> int:
-    """Evaluate CKPT (a checkpoint or model folder) on the validation split: a table and a metrics JSON file.
+    """Evaluate CKPT (a checkpoint or model folder) on the validation split: tables and a metrics JSON file.
 
     Without CONFIG, the config stored with CKPT is used (a checkpoint's trainer_state.json, a model
-    folder's config.yaml), with the overrides merged over it.
+    folder's config.yaml), with the overrides merged over it. The robustness report (each modality
+    absent from 0, 25, 50 and 100 % of the samples) goes into the JSON and a PNG curve beside it.
 
     Args:
         ckpt: checkpoint folder (run/checkpoints/step_N) or model folder
         output: JSON file (default: <run folder>/eval/<split>_<ckpt>.json)
-        no_ablation: skip the image-only and audio-only passes
+        no_ablation: skip the image-only and audio-only passes and the robustness report
         num_processes: evaluate in N processes
         trust_code: build the parts a stored config names outside sss's own models and data modules (imports
             and runs that code: trusted folders only); a CONFIG you give is trusted
+        missing: evaluate with MODALITY absent from a seeded fraction RATE of the samples, e.g. image=0.5
+            (repeat for both: --missing image=0.5 --missing audio=0.2)
     """
-    return _evaluate("val", config, overrides, ckpt, output, no_ablation, num_processes, trust_code)
+    flags = (output, no_ablation, num_processes, trust_code, missing)
+    return _evaluate("val", config, overrides, ckpt, *flags)
 
 
 def test(
@@ -138,21 +143,26 @@ def test(
     no_ablation: bool = False,
     num_processes: int | None = None,
     trust_code: bool = False,
+    missing: list[str] | None = None,
 ) -> int:
-    """Evaluate CKPT (a checkpoint or model folder) on the test split: a table and a metrics JSON file.
+    """Evaluate CKPT (a checkpoint or model folder) on the test split: tables and a metrics JSON file.
 
     Without CONFIG, the config stored with CKPT is used (a checkpoint's trainer_state.json, a model
-    folder's config.yaml), with the overrides merged over it.
+    folder's config.yaml), with the overrides merged over it. The robustness report (each modality
+    absent from 0, 25, 50 and 100 % of the samples) goes into the JSON and a PNG curve beside it.
 
     Args:
         ckpt: checkpoint folder (run/checkpoints/step_N) or model folder
         output: JSON file (default: <run folder>/eval/<split>_<ckpt>.json)
-        no_ablation: skip the image-only and audio-only passes
+        no_ablation: skip the image-only and audio-only passes and the robustness report
         num_processes: evaluate in N processes
         trust_code: build the parts a stored config names outside sss's own models and data modules (imports
             and runs that code: trusted folders only); a CONFIG you give is trusted
+        missing: evaluate with MODALITY absent from a seeded fraction RATE of the samples, e.g. image=0.5
+            (repeat for both: --missing image=0.5 --missing audio=0.2)
     """
-    return _evaluate("test", config, overrides, ckpt, output, no_ablation, num_processes, trust_code)
+    flags = (output, no_ablation, num_processes, trust_code, missing)
+    return _evaluate("test", config, overrides, ckpt, *flags)
 
 
 test.__test__ = False  # type: ignore[attr-defined]  # the `sss test` command: not a test when pytest is given this file
@@ -167,15 +177,18 @@ def _evaluate(
     no_ablation: bool,
     processes: int | None,
     trust_code: bool,
+    missing: list[str] | None = None,
 ) -> int:
     from sss.run.evaluate import check_output
     from sss.run.launch import launch_or_run
 
     command = "validate" if split == "val" else "test"
+    rates = _missing_rates(missing)
     if output is not None and "LOCAL_RANK" not in os.environ:
-        check_output(output)
+        check_output(output, plot=not no_ablation)
     extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
     extra += ["--trust-code"] if trust_code else []
+    extra += [word for item in missing or () for word in ("--missing", item)]
     words = [command, *([config] if config else []), *overrides, "--ckpt", ckpt, *extra]
     launched = launch_or_run(processes, words, RUN.get("traceback", False))
     if launched is not None:
@@ -185,8 +198,21 @@ def _evaluate(
         return EXIT_CONFIG
     from sss.run.evaluate import run_evaluate
 
-    run_evaluate(cfg, ckpt, split, output, ablation=not no_ablation)
+    run_evaluate(cfg, ckpt, split, output, ablation=not no_ablation, missing=rates)
     return 0
+
+
+def _missing_rates(missing: list[str] | None) -> dict[str, float]:
+    # --missing image=0.5: checked before any process starts; a bad value is a flag error (exit code 2).
+    if not missing:
+        return {}
+    from sss.config import ConfigError
+    from sss.data.presence import parse_missing
+
+    try:
+        return parse_missing(missing)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def predict(
@@ -322,7 +348,8 @@ def data(
     image_size: int = 64,
     sample_rate: int = 16000,
     clip_seconds: float = 1.0,
-    task: Literal["default", "binding"] = "default",
+    task: Literal["default", "binding", "redundant"] = "default",
+    missing: list[str] | None = None,
     shard_size: int = 1000,
     layout: Literal["manifest", "esc50", "urbansound8k", "desed", "istd", "sbu"] = "manifest",
     fold: int | None = None,
@@ -342,7 +369,10 @@ def data(
         sample_rate: audio sample rate in Hz
         clip_seconds: audio clip length
         task: binding: match / mismatch, whether a grille shadow's slat angle (0 or 90 degrees) and a sound
-            (beep or hiss) agree; each modality alone is at chance
+            (beep or hiss) agree; each modality alone is at chance. redundant: four machines, each shown by its
+            grille's slat angle and heard by its own sound, the image corrupted in 5 of 100 samples, the audio in 30
+        missing: leave MODALITY's cells empty in a seeded fraction RATE of the rows of each split, never both in
+            one row, e.g. image=0.3 (repeat for both: --missing image=0.3 --missing audio=0.2)
         shard_size: pack: samples per shard
         layout: pack: how SRC is laid out (as data.layout)
         fold: pack: the held-out fold of esc50 / urbansound8k (as data.fold)
@@ -354,7 +384,7 @@ def data(
         return refused
     if action == "pack":
         return _data_pack(kind, out, shard_size, layout, fold, on_error, allow_outside_root)
-    return _data_make(kind, out, n, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task)
+    return _data_make(kind, out, n, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task, missing)
 
 
 def _data_make(
@@ -368,6 +398,7 @@ def _data_make(
     sample_rate: int,
     clip_seconds: float,
     task: str,
+    missing: list[str] | None = None,
 ) -> int:
     """``sss data make``: the generator's limits said with the flags' names (exit code 2), then the dataset."""
     if kind != "industrial":  # argparse's words, from when this was a choice of the parser
@@ -392,11 +423,23 @@ def _data_make(
 
     sizes = {"n_train": n, "n_val": n_val, "n_test": n_test, "image_size": image_size}
     sound = {"sample_rate": sample_rate, "clip_seconds": clip_seconds}
-    print(f"wrote {make_industrial(out, seed=seed, task=task, **sizes, **sound)}")
+    try:
+        rates = _missing_rates(missing)  # its messages name the flag: --missing image=2: the rate must be in [0, 1]
+    except ValueError as exc:
+        print(f"error: sss data make {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if sum(rates.values()) > 1:
+        given = " ".join(f"--missing {item}" for item in missing or [])
+        print(
+            f"error: sss data make {given}: the rates add up to more than 1, but a row lacks one modality at most",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    print(f"wrote {make_industrial(out, seed=seed, task=task, missing=rates, **sizes, **sound)}")
     return 0
 
 
-_DATA_MAKE_FLAGS = ("n", "n_val", "n_test", "seed", "image_size", "sample_rate", "clip_seconds", "task")
+_DATA_MAKE_FLAGS = ("n", "n_val", "n_test", "seed", "image_size", "sample_rate", "clip_seconds", "task", "missing")
 _DATA_PACK_FLAGS = ("shard_size", "layout", "fold", "on_error", "allow_outside_root")
 
 

@@ -1,4 +1,5 @@
-"""``sss validate`` / ``sss test``: evaluate a checkpoint or model folder, print the table, write a JSON file."""
+"""``sss validate`` / ``sss test``: evaluate a checkpoint or model folder, print the tables, write a JSON file
+(and the robustness curve beside it, ``<json stem>_robustness.png``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,22 @@ from sss.model_folder import UntrustedCodeError, load_trained_weights, recorded_
 from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["check_output", "load_stored_config", "run_evaluate", "untrusted_parts"]
+__all__ = ["check_output", "load_stored_config", "robustness_plot_path", "run_evaluate", "untrusted_parts"]
 
 
-def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: bool = True) -> dict[str, Any]:
-    """``sss validate|test [CONFIG] --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json."""
+def run_evaluate(
+    cfg: Any,
+    ckpt: str,
+    split: str,
+    output: str | None,
+    ablation: bool = True,
+    missing: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """``sss validate|test [CONFIG] --ckpt PATH``: evaluate a checkpoint or model folder, print, write metrics.json.
+
+    `missing` (``--missing image=0.5``) makes those modalities absent from a seeded fraction of the samples in
+    the fused pass; the JSON records it. With `ablation`, the robustness curve is drawn beside the JSON file.
+    """
     parts = build_parts(cfg)  # classes and modalities, as at training time
     state, datamodule, module = parts.state, parts.datamodule, parts.module
     # A model folder's config no longer names the pretrained weights its image side was bound to (#25): decode with
@@ -39,15 +51,44 @@ def run_evaluate(cfg: Any, ckpt: str, split: str, output: str | None, ablation: 
         checkpoint=dataclasses.replace(cfg.trainer.checkpoint, every_epoch=False, every_n_steps=None),
     )
     trainer = SSSTrainer(quiet)
-    result = evaluate(trainer, module, datamodule, split=split, ablation=ablation)
+    result = evaluate(trainer, module, datamodule, split=split, ablation=ablation, missing=missing)
     result = {"checkpoint": str(ckpt), "config": cfg.name, **result}
     if state.is_main_process:
-        print_evaluation(result, f"sss {'validate' if split == 'val' else 'test'} {cfg.name}: {ckpt}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_json_safe(result), indent=2))
+        absent = "".join(f", {m} absent from {rate:.0%}" for m, rate in result["missing"].items())
+        print_evaluation(result, f"sss {'validate' if split == 'val' else 'test'} {cfg.name}: {ckpt}{absent}")
+        _write_new(path, lambda tmp: tmp.write_text(json.dumps(_json_safe(result), indent=2)))
         print(f"written to {path}")
+        if result.get("robustness"):
+            from sss.callbacks.plots import robustness_figure
+
+            figure = robustness_figure(result["robustness"], f"{split}: {Path(ckpt).name}, a modality absent")
+            plot = robustness_plot_path(path)
+            _write_new(plot, lambda tmp: figure.savefig(tmp, dpi=100, format="png"))
+            print(f"written to {plot}")
     state.wait_for_everyone()
     return result
+
+
+def robustness_plot_path(output: str | Path) -> Path:
+    """Where the robustness curve of the evaluation written to `output` goes: beside it, ``<stem>_robustness.png``.
+
+    Example:
+        >>> robustness_plot_path("runs/x/eval/val_step_0000004.json").name
+        'val_step_0000004_robustness.png'
+    """
+    path = Path(output)
+    return path.with_name(f"{path.stem}_robustness.png")
+
+
+def _write_new(path: Path, write: Any) -> None:
+    # Written under a temporary name, then renamed: a failure leaves no half file under the name asked for.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _output_path(cfg: Any, ckpt: str, split: str, output: str | None) -> Path:
@@ -65,16 +106,26 @@ def _output_path(cfg: Any, ckpt: str, split: str, output: str | None) -> Path:
         run = Path(cfg.trainer.output_dir)
     name, n = f"{split}_{ckpt_path.name}", 0
     path = run / "eval" / f"{name}.json"
-    while path.exists():
+    while path.exists() or robustness_plot_path(path).exists():
         n += 1
         path = run / "eval" / f"{name}_{n}.json"
     return path
 
 
-def check_output(output: str) -> None:
-    """Refuse an existing ``--output`` file (checked before any process starts)."""
+def check_output(output: str, plot: bool = False) -> None:
+    """Refuse an existing ``--output`` file, and with `plot` an existing robustness curve beside it (checked before
+    any process starts).
+
+    Example:
+        >>> check_output("no/such/file.json", plot=True)
+    """
     if Path(output).exists():
         raise FileExistsError(f"--output {output} already exists; choose another path or remove it")
+    if plot and robustness_plot_path(output).exists():
+        raise FileExistsError(
+            f"--output {output}: its robustness curve {robustness_plot_path(output)} already exists; choose another "
+            "path, remove it, or leave the curve out with --no-ablation"
+        )
 
 
 def _json_safe(value: Any) -> Any:

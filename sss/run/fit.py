@@ -1,4 +1,9 @@
-"""``sss fit``: build the parts, pick the output folder, train, evaluate per modality, export, report."""
+"""``sss fit``: build the parts, pick the output folder, train, evaluate per modality, export, report.
+
+The report ends with the robustness table (the headline metric with each modality absent from 0, 25, 50
+and 100 % of the validation samples), written to results.json as ``robustness`` and drawn as
+``plots/robustness.png``.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from sss.callbacks.stock import add_stock_callbacks
 from sss.checkpoint import VerifiedCheckpoint, read_marker, resize_history
 from sss.config import SSSConfig, instantiate, to_yaml
 from sss.errors import HubPushError
-from sss.evaluation import evaluate, flat_results, print_evaluation
+from sss.evaluation import evaluate, flat_results, is_robustness_pass, print_evaluation
 from sss.run.folder import claim_output_dir, resume_checkpoint, store_config, store_results
 from sss.run.parts import build_parts, process_state
 from sss.trainer.trainer import EvaluationStopped, SSSTrainer
@@ -74,11 +79,14 @@ def _fit_holding_the_folder(
     results.update(checkpoint_dir=trainer.state.last_checkpoint, model_dir=str(model_dir))
     plots = next((c.files for c in trainer.callbacks if isinstance(c, Plots)), [])
     results.update({f"plot/{p.stem}": str(p) for p in plots})  # one row each in the summary table
+    if evaluation is not None and evaluation.get("robustness"):
+        results["robustness"] = evaluation["robustness"]  # {modality: {rate: {metric: value}}}: its own table
     if state.is_main_process:
         store_results(out, results, resumed=ckpt is not None)
-        if evaluation is not None:
+        if evaluation is not None:  # with the robustness table after it
             print_evaluation(evaluation, f"sss fit {cfg.name}: validation, fused and per modality")
-        shown = {k: v for k, v in results.items() if evaluation is None or not k.startswith("val/")}
+        hidden = ("val/", "robustness") if evaluation is not None else ("robustness",)
+        shown = {k: v for k, v in results.items() if not k.startswith(hidden)}
         _print_results(cfg.name, shown, out / "results.json")
     state.wait_for_everyone()
     state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
@@ -164,7 +172,9 @@ def _code_commit() -> str | None:
 
 
 class _FinalEvaluation(Callback):
-    """At FIT_END, the validation split once more, fused and with each modality zeroed, into ``state.metrics``.
+    """At FIT_END, the validation split once more, fused, with each modality absent, and the robustness passes.
+
+    The per-modality headline figures go into ``state.metrics``; the robustness report to `Plots` (its curve).
 
     It also times this process's training (FIT_START to FIT_END: the loop with its validations and
     saves, not the set-up, the final evaluation or the export) and carries the training seconds of
@@ -212,12 +222,15 @@ class _FinalEvaluation(Callback):
                 raise
             trainer.stop.during = "the final evaluation"
             saver.save_and_stop(trainer, replace=False)
-        # The ablation passes' full metric sets stay in self.result; the run's metrics (results.json,
+        # The ablation and robustness passes' full metric sets stay in self.result; the run's metrics (results.json,
         # model card, Hub push) get the per-modality headline figures and the fusion gain.
-        ablated = {k for k in trainer.state.metrics if k.startswith(("val_image_only/", "val_audio_only/"))}
-        for key in ablated:
+        ablated = {"val_image_only", "val_audio_only"}
+        passes = {k for k in trainer.state.metrics if k.split("/")[0] in ablated or is_robustness_pass(k.split("/")[0])}
+        for key in passes:
             del trainer.state.metrics[key]
         trainer.state.metrics.update(flat_results(self.result))
+        for plots in (c for c in trainer.callbacks if isinstance(c, Plots)):
+            plots.robustness = self.result.get("robustness")  # drawn at its FIT_END, after this one's
 
 
 def _print_results(name: str, results: dict[str, Any], path: Path) -> None:

@@ -90,6 +90,7 @@ def test_sss_fit_plots_the_fused_validation_by_default(sss_fit_spy, capsys):
         "confusion_matrix.png",
         "confusion_matrix_audio_only.png",
         "confusion_matrix_image_only.png",
+        "robustness.png",  # no confusion matrix for the robustness passes: one curve
     ]
     assert [p.name for p in plots.files] == names
     for path in plots.files:
@@ -116,8 +117,8 @@ def test_sss_fit_plots_the_fused_validation_by_default(sss_fit_spy, capsys):
     assert _shown(plots.figures["confusion_matrix_audio_only"]) == _matrix(audio.preds, audio.target)
     assert _matrix(audio.preds, audio.target) != _matrix(fused["preds"], fused["target"])  # the check can tell them
     title = plots.figures["confusion_matrix_audio_only"].axes[0].get_title()
-    assert title.startswith(f"val, audio only (image zeroed): 24 samples at step {step}")
-    assert plots.figures["confusion_matrix_image_only"].axes[0].get_title().startswith("val, image only (audio zeroed)")
+    assert title.startswith(f"val, audio only (image absent): 24 samples at step {step}")
+    assert plots.figures["confusion_matrix_image_only"].axes[0].get_title().startswith("val, image only (audio absent)")
 
     # metrics.png: one panel per family, each with its y label, x the optimizer step
     axes = plots.figures["metrics"].axes
@@ -143,7 +144,7 @@ def test_sss_fit_plots_the_fused_validation_by_default(sss_fit_spy, capsys):
     assert any(k.count("/") == 2 for k in trainer.state.metrics)  # per-class keys were there to leave out
     parts = {f"train/grad_norm/{p}" for p in ("image", "audio", "fusion", "heads")}
     assert series["gradient norm"] == {"train/grad_norm", *parts}
-    assert not any(k.startswith(("val_image_only", "val_audio_only")) for s in series.values() for k in s)
+    assert not any(k.startswith(("val_image_only", "val_audio_only", "val_absent")) for s in series.values() for k in s)
     # a legend beside the data, not over it; none for a single series
     for a in axes:
         legend = a.get_legend()

@@ -1,4 +1,4 @@
-"""`sss fit` on a manifest where rows lack the image or the audio: 1 and 2 processes with workers, the cache, the refusal."""
+"""`sss fit` on a manifest whose rows lack the image or the audio: 2 processes, workers, the cache, the refusal."""
 
 from __future__ import annotations
 
