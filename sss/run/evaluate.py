@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from sss.config import ConfigError, SSSConfig, load_config
 from sss.config.instantiate import config_targets
 from sss.evaluation import evaluate, print_evaluation
 from sss.model_folder import UntrustedCodeError, load_trained_weights, recorded_preprocessing
+from sss.run.folder import json_safe
 from sss.run.parts import build_parts
 from sss.trainer.trainer import SSSTrainer
 
@@ -56,7 +56,7 @@ def run_evaluate(
     if state.is_main_process:
         absent = "".join(f", {m} absent from {rate:.0%}" for m, rate in result["missing"].items())
         print_evaluation(result, f"sss {'validate' if split == 'val' else 'test'} {cfg.name}: {ckpt}{absent}")
-        _write_new(path, lambda tmp: tmp.write_text(json.dumps(_json_safe(result), indent=2)))
+        _write_new(path, lambda tmp: tmp.write_text(json.dumps(json_safe(result), indent=2)))
         print(f"written to {path}")
         if result.get("robustness"):
             from sss.callbacks.plots import robustness_figure
@@ -126,17 +126,6 @@ def check_output(output: str, plot: bool = False) -> None:
             f"--output {output}: its robustness curve {robustness_plot_path(output)} already exists; choose another "
             "path, remove it, or leave the curve out with --no-ablation"
         )
-
-
-def _json_safe(value: Any) -> Any:
-    # JSON has no NaN: an undefined metric (e.g. event F1 of a model that detects nothing) is null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def load_stored_config(

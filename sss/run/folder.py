@@ -38,6 +38,7 @@ from sss.run.hub_resume import fetch_checkpoint, hub_source
 __all__ = [
     "claim_output_dir",
     "holds_run",
+    "json_safe",
     "planned_output_dir",
     "ray_output_dir",
     "resume_checkpoint",
@@ -327,17 +328,23 @@ def store_results(out: Path, results: dict[str, Any], resumed: bool) -> Path:
     if resumed and path.is_file():
         _keep_earlier_results(path)
     # JSON has no NaN or Infinity: an undefined metric (mAUC without a positive) or d' of a perfect AUC is null.
-    path.write_text(json.dumps(_json_safe(results), indent=2))
+    path.write_text(json.dumps(json_safe(results), indent=2))
     return path
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf) as None, which JSON writes as null.
+
+    Example:
+        >>> json_safe({"mauc": float("nan"), "dprime": [float("inf"), 2.5]})
+        {'mauc': None, 'dprime': [None, 2.5]}
+    """
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
