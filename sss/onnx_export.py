@@ -309,5 +309,12 @@ class OnnxRunner:
                 f"{self.path} takes inputs {', '.join(self.inputs)}; the batch has no {', '.join(missing)} "
                 "(a manifest column missing?): predict with --runtime torch, which accepts a missing modality"
             )
+        for flag in ("image_present", "audio_present"):
+            # The graph has no presence input: it would read an absent modality's zero placeholder as a real input.
+            if isinstance(batch.get(flag), Tensor) and not bool(batch[flag].all()):
+                raise ValueError(
+                    f"{self.path} takes no {flag} input, and {int((~batch[flag].bool()).sum())} sample(s) of this "
+                    f"batch have no {flag.split('_')[0]}: predict rows with an empty cell with --runtime torch"
+                )
         feed = {k: batch[k].detach().float().cpu().numpy() for k in self.inputs}
         return {"logits": torch.from_numpy(self.session.run(None, feed)[0])}

@@ -53,7 +53,7 @@ def test_multilabel_metrics_dprime_nan_without_auc_and_inf_when_perfect():
 
 
 def test_non_finite_dprime_is_written_as_null_by_sss_evaluate():
-    from sss.run.evaluate import _json_safe
+    from sss.run.folder import json_safe
 
-    text = json.dumps(_json_safe({"val/dprime": math.inf, "val/mauc": math.nan, "val/map": 0.5}))
+    text = json.dumps(json_safe({"val/dprime": math.inf, "val/mauc": math.nan, "val/map": 0.5}))
     assert json.loads(text) == {"val/dprime": None, "val/mauc": None, "val/map": 0.5}

@@ -13,7 +13,7 @@ import pytest
 
 from sss.cli import main
 from sss.evaluation import flat_results
-from sss.run.evaluate import _json_safe
+from sss.run.folder import json_safe
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "industrial.yaml")
@@ -91,7 +91,7 @@ def test_fusion_gain_is_an_improvement_also_for_lower_is_better_metrics():
 
 
 def test_undefined_metrics_become_json_null():
-    assert _json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
+    assert json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
 
 
 def test_an_undefined_single_modality_value_does_not_decide_the_fusion_gain():

@@ -81,6 +81,17 @@ def test_default_model_onnx_equals_pytorch_and_the_card_says_how(small):
 
 
 @pytest.mark.slow
+def test_the_graph_refuses_a_batch_with_an_absent_modality(small):
+    # model.onnx has no presence input: fed a zero placeholder as a real image, it would predict silently wrong.
+    _, folder = small
+    runner = OnnxRunner(folder)
+    batch = {"image": torch.zeros(2, 3, 64, 64), "audio": torch.zeros(2, 1, 16000)}
+    assert runner.predict_step({**batch, "image_present": torch.tensor([True, True])})["logits"].shape == (2, 4)
+    with pytest.raises(ValueError, match=r"takes no image_present input, and 1 sample\(s\) .* --runtime torch"):
+        runner.predict_step({**batch, "image_present": torch.tensor([True, False])})
+
+
+@pytest.mark.slow
 def test_ast_audio_variant_onnx_equals_pytorch(tmp_path):
     module, folder = _model_folder(tmp_path / "ast", ["model.audio_encoder=ast"])
     add_onnx(module, folder)
