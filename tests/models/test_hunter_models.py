@@ -154,7 +154,9 @@ def test_task_values_are_the_hunter_models_own_and_a_plain_module_keeps_the_gene
     with torch.no_grad():
         full, generic = hunter.validation_step(both, 0), Plain().validation_step(both, 0)
     assert set(generic) == {"loss", "scores", "preds", "target"}
-    assert set(full) == set(generic) | {"event_probs", "event_target", "clip_seconds", "mask_counts"}
+    # event_present: which clips have audio to score events on (all True here), in every batch of a pass
+    assert set(full) == set(generic) | {"event_probs", "event_target", "clip_seconds", "event_present", "mask_counts"}
+    assert bool(full["event_present"].all())
     assert all(torch.equal(full[k], generic[k]) for k in generic)
 
 
