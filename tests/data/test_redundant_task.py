@@ -169,13 +169,8 @@ def test_missing_rates_are_checked(tmp_path):
 
 
 def test_cli_makes_the_redundant_task_with_missing_cells(tmp_path, capsys):
-    import inspect
-
     from sss.cli import main
-    from sss.run import commands
 
-    if "missing" not in inspect.signature(commands.data).parameters:
-        pytest.skip("sss data make --missing: not wired into sss/run/commands.py yet (patch C-commands.diff)")
     out = tmp_path / "r"
     flags = ["--n", "20", "--task", "redundant", "--missing", "image=0.3", "--missing", "audio=0.2"]
     assert main(["data", "make", "industrial", str(out), *flags]) == 0
