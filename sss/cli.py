@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sss._redact import redact_urls
-from sss.run import commands
+from sss.run import commands, data_commands
 from sss.run.commands import EXIT_CONFIG, RUN, check_flags
 from sss.run.explain import explain_error
 
@@ -65,6 +65,13 @@ _STORED = "CONFIG: the YAML config it was trained with (default: the one stored 
 _LAUNCH = "launch flags (highest precedence: flag > sss YAML/override > Accelerate config file > default)"
 _EVALUATE = "[CONFIG] --ckpt PATH [key=value ...] [--output FILE] [--no-ablation] [--missing MODALITY=RATE] [...]"
 _MISSING = {"missing": {"action": "append", "metavar": "MODALITY=RATE"}}  # repeatable: image=0.5 and audio=0.2
+_TRAIN_GROUPS = {
+    _LAUNCH: ("num_processes", "mixed_precision", "gradient_accumulation_steps", "config_file"),
+    "engine (docs/distributed.md#ray-train)": ("engine", "num_workers", "ray_address", "max_failures"),
+}  # sss fit and sss pretrain
+_RESUME = {"resume": {"nargs": "?", "const": "latest"}}  # --resume alone: the newest checkpoint that verifies
+_PRETRAIN = "CONFIG: YAML config of a contrastive model, e.g. examples/pretrain.yaml; then overrides"
+_PRETRAIN_USAGE = "sss pretrain CONFIG [key=value ...] [--resume [PATH]] [--num-processes N] [...]"
 COMMANDS: dict[str, Command] = {
     "fit": Command(
         commands.fit,
@@ -72,12 +79,12 @@ COMMANDS: dict[str, Command] = {
         "CONFIG key=value",
         f"CONFIG: {_YAML}; then overrides",
         "sss fit CONFIG [key=value ...] [--resume [PATH]] [--num-processes N] [--debug] [...]",
-        groups={
-            _LAUNCH: ("num_processes", "mixed_precision", "gradient_accumulation_steps", "config_file"),
-            "engine (docs/distributed.md#ray-train)": ("engine", "num_workers", "ray_address", "max_failures"),
-        },
-        options={"resume": {"nargs": "?", "const": "latest"}},
+        groups=_TRAIN_GROUPS,
+        options=_RESUME,
         fields=True,
+    ),
+    "pretrain": Command(
+        commands.pretrain, ("config",), "CONFIG key=value", _PRETRAIN, _PRETRAIN_USAGE, _TRAIN_GROUPS, _RESUME, True
     ),
     "check": Command(
         commands.check,
@@ -123,7 +130,7 @@ COMMANDS: dict[str, Command] = {
         "sss tune lr CONFIG [key=value ...] [--steps N] [--min-lr A] [--max-lr B] [--apply] [--num-processes N]",
     ),
     "data": Command(
-        commands.data, options={"kind": {"metavar": "industrial|SRC"}, "out": {"metavar": "OUT"}, **_MISSING}
+        data_commands.data, options={"kind": {"metavar": "industrial|SRC"}, "out": {"metavar": "OUT"}, **_MISSING}
     ),
     "convert": Command(commands.convert),
 }
@@ -365,9 +372,9 @@ def _gather_words(parser: argparse.ArgumentParser, command: str, args: dict[str,
 
 
 def _parts_help(argv: list[str]) -> str:
-    # `sss fit CONFIG --help` adds the arguments of CONFIG's model and data module to the help (their
+    # `sss fit|pretrain CONFIG --help` adds the arguments of CONFIG's model and data module to the help (their
     # signatures and docstrings): what model.KEY=VALUE and data.KEY=VALUE can set.
-    if len(argv) < 2 or argv[0] != "fit" or not {"-h", "--help"} & set(argv):
+    if len(argv) < 2 or argv[0] not in ("fit", "pretrain") or not {"-h", "--help"} & set(argv):
         return ""
     words = [w for i, w in enumerate(argv[1:], 1) if not w.startswith("-") and argv[i - 1] not in _FIT_VALUE_FLAGS]
     config = next((w for w in words if not _OVERRIDE.match(w)), None)

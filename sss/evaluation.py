@@ -47,11 +47,11 @@ def evaluate(
     "Image only" is the pass with the audio absent from every sample (`sss.data.presence.mark_absent`: its
     ``audio_present`` mask False, its input a zero placeholder; zeroed in a tuple batch), and the reverse;
     `flat_results` derives the fusion gain from them. Each modality's batch key is the module's `modality_keys`
-    entry; a module naming fewer than both gets no ablation. The robustness report holds the metrics
-    (`REPORTED`) with each modality absent from a seeded fraction of the samples, at each of `ROBUSTNESS_RATES`
-    (those absent at 0.25 are absent at 0.5 too): rate 0 is one pass through the same path with nothing
-    absent, rate 1 the ablation pass. `missing` (``{"image": 0.5}``) makes modalities absent in the fused pass
-    only (``sss validate --missing``). With `reuse_last`, the fused figures are the trainer's latest pass over
+    entry; a module naming fewer than both, or whose ``ablation`` is False, gets no ablation. The robustness report
+    holds the metrics (`REPORTED`) with each modality absent from a seeded fraction of the samples, at each of
+    `ROBUSTNESS_RATES` (those absent at 0.25 are absent at 0.5 too): rate 0 is one pass through the same path with
+    nothing absent, rate 1 the ablation pass. `missing` (``{"image": 0.5}``) makes modalities absent in the fused
+    pass only (``sss validate --missing``). With `reuse_last`, the fused figures are the trainer's latest pass over
     the split (the validation at the end of ``fit``). Afterwards ``trainer.state`` describes the fused pass.
     Returns ``{"split", "samples", "missing", "metrics", "ablation": {"image_only", "audio_only"}, "robustness":
     {"image": {"0.0": {...}, "0.25", "0.5", "1.0"}, "audio"}, "confusion_matrix"}``.
@@ -74,7 +74,7 @@ def evaluate(
     def one(prefix: str, **edit: Any) -> dict[str, float]:
         return _strip(run(module, datamodule, dataloaders=dataloaders, prefix=prefix, **edit), prefix)
 
-    if ablation and _two_modalities(module, datamodule, keys):
+    if ablation and getattr(module, "ablation", True) and _two_modalities(module, datamodule, keys):
         for kept, gone in (("image", "audio"), ("audio", "image")):
             edit = {"zero": keys[gone]} if positional else {"missing": {gone: 1.0}}
             result["ablation"][f"{kept}_only"] = one(f"{split}_{kept}_only", **edit)
@@ -87,7 +87,7 @@ def evaluate(
     else:
         fused = one(split, missing=missing or None)
     outputs = state.eval_outputs
-    samples = len(outputs["loss"]) if "loss" in outputs else None
+    samples = len(next(iter(outputs.values()))) if outputs else None  # per-sample values: any one counts
     result.update(samples=samples, metrics=fused, confusion_matrix=_confusion(outputs))
     order = ("split", "samples", "missing", "metrics", "ablation", "robustness", "confusion_matrix")
     return {key: result[key] for key in order if key in result and (key == "samples" or result[key] is not None)}
@@ -179,19 +179,21 @@ def flat_results(result: dict[str, Any]) -> dict[str, float]:
 
 
 def print_evaluation(result: dict[str, Any], title: str) -> None:
-    """Rich tables: each metric fused, image only, audio only and the fusion gain; then the robustness report."""
+    """Rich tables: each metric fused, image only, audio only and the fusion gain (without an ablation: its value);
+    then the robustness report."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("metric", "fused", "image only", "audio only", "fusion gain"):
-        table.add_column(column, justify="left" if column == "metric" else "right")
     flat, split = flat_results(result), result["split"]
     alone = result.get("ablation", {})
+    columns = ("metric", "fused", "image only", "audio only", "fusion gain") if alone else ("metric", "value")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=column == "metric")
     for key, value in result["metrics"].items():
         gain = flat.get(f"{split}/fusion_gain_{key}")
         row = [value, alone.get("image_only", {}).get(key), alone.get("audio_only", {}).get(key), gain]
-        table.add_row(key, *(_cell(v) for v in row))
+        table.add_row(key, *(_cell(v) for v in row[: len(columns) - 1]))
     Console().print(table)
     if result.get("robustness"):
         print_robustness(result["robustness"], f"{split}: robustness, a modality absent from a fraction of the samples")

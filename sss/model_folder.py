@@ -15,6 +15,7 @@ exported ``config.yaml`` and model card carry no absolute local paths (they beco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -189,6 +190,8 @@ def export_model(
     if weights_source:
         meta["sss_weights"] = weights_source
     save_file(state, str(folder / WEIGHTS), metadata=meta)
+    # The weights model.init_from started from are in model.safetensors now: the folder never names that run.
+    cfg = dataclasses.replace(cfg, model={k: v for k, v in (cfg.model or {}).items() if k != "init_from"})
     published, dropped = _without_local_paths(cfg)
     (folder / "config.yaml").write_text(_config_yaml(published, dropped))
     prep = preprocessing(datamodule) if datamodule is not None else {"classes": None, "task": None}

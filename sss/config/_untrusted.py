@@ -58,7 +58,8 @@ def _refuse_interpolation(where: str, key: str) -> None:
 def without_outside_files(spec: dict[str, Any], where: str, key: str = "model") -> dict[str, Any]:
     """`spec` (a ``model:`` section) without its pretrained-weight settings; `ConfigError` for any other file it names.
 
-    A key ending in ``pretrained`` (``image_pretrained``, ``pretrained``) is left out at any depth:
+    A key ending in ``pretrained`` (``image_pretrained``, ``pretrained``) is left out at any depth, and so is
+    ``model.init_from``:
     the model's weights are loaded from the folder's ``model.safetensors`` over whatever it was
     built with, so these never change the result, and timm must not open the file or download.
     A key that names a file, directory or URL (``checkpoint_path``, ``pretrained_file``,
@@ -79,7 +80,7 @@ def without_outside_files(spec: dict[str, Any], where: str, key: str = "model") 
             kept = {}
             for k, v in value.items():
                 inner = f"{at}.{k}"
-                if str(k).endswith("pretrained"):
+                if str(k).endswith("pretrained") or inner == f"{key}.init_from":  # the folder's weights hold them
                     continue
                 if _names_file_key(str(k)) and isinstance(v, (str, dict, list)) and v:
                     _refuse_file(where, inner, v)

@@ -21,11 +21,12 @@ __all__ = [
     "check_target",
     "config_targets",
     "find_targets",
+    "init_from_problems",
     "instantiate",
     "model_problems",
     "param_group_problems",
     "resolve_target",
-    "split_adapter",
+    "split_model_spec",
 ]
 
 # Arguments the framework passes when it builds a part, so a YAML spec may leave them out.
@@ -379,10 +380,10 @@ def check_config(config: SSSConfig) -> list[str]:
     """
     errors = [] if config.model else ["model: missing; add a model: section with a _target_"]
     if config.model:
-        model, adapter = split_adapter(config.model)  # model.adapter wraps the built model: no argument of it
+        model, adapter = split_model_spec(config.model)  # adapter, init_from: applied to the built model
         errors += check_target(model, "model")
         errors += [] if errors else model_problems(model)
-        errors += adapter_problems(adapter)
+        errors += adapter_problems(adapter) + init_from_problems(config.model.get("init_from"))
     errors += (
         check_target(config.data, "data") if config.data else ["data: missing; add a data: section with a _target_"]
     )
@@ -419,7 +420,7 @@ def model_problems(spec: dict[str, Any]) -> list[str]:
 
 def _model_settings(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     # The class `spec` builds and the arguments it would get, for a class that resolves its settings; else None.
-    target, args, variant = resolve_target(spec["_target_"]), dict(split_adapter(spec)[0]), None
+    target, args, variant = resolve_target(spec["_target_"]), dict(split_model_spec(spec)[0]), None
     del args["_target_"]
     class_for = _class_for(target)
     if class_for is not None:
@@ -561,19 +562,36 @@ ADAPTER_KEYS: dict[str, Any] = {
 """The settings of ``model.adapter`` and what each takes (``type`` and ``target`` are required)."""
 
 
-def split_adapter(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``model:`` without its ``adapter`` entry, and that entry (None when absent or null).
+MODEL_EXTRAS = ("adapter", "init_from")
+"""The ``model:`` keys that are no argument of the model: `sss.run.parts.build_parts` applies them to the built one."""
 
-    ``model.adapter`` is no argument of the model: `sss.run.parts.build_parts` builds the model from the
-    rest and then wraps it (`sss.models.adapter.apply_adapter`).
+
+def split_model_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``model:`` without the `MODEL_EXTRAS` entries (what the model is built from), and its ``adapter`` entry.
+
+    ``model.adapter`` wraps the built model (`sss.models.adapter.apply_adapter`) and ``model.init_from`` loads
+    its encoders (`sss.run.init_from.init_encoders_from`); neither is an argument of the model.
 
     Example:
-        >>> split_adapter({"_target_": "a.B", "adapter": {"type": "lora", "target": ["x"]}})
+        >>> split_model_spec({"_target_": "a.B", "init_from": "runs/pre", "adapter": {"type": "lora", "target": ["x"]}})
         ({'_target_': 'a.B'}, {'type': 'lora', 'target': ['x']})
     """
-    rest = {k: v for k, v in spec.items() if k != "adapter"}
+    rest = {k: v for k, v in spec.items() if k not in MODEL_EXTRAS}
     adapter = spec.get("adapter")
     return rest, (dict(adapter) if isinstance(adapter, typing.Mapping) else adapter)
+
+
+def init_from_problems(value: Any) -> list[str]:
+    """What ``model.init_from`` gets wrong as a value (the folder is read when the run starts).
+
+    Example:
+        >>> init_from_problems(3)
+        ['model.init_from: expected the path of a run, model or checkpoint folder, got int 3']
+    """
+    if value is None or (isinstance(value, str) and value.strip()):
+        return []
+    got = "an empty string" if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+    return [f"model.init_from: expected the path of a run, model or checkpoint folder, got {got}"]
 
 
 def adapter_problems(adapter: Any) -> list[str]:

@@ -15,6 +15,7 @@ from sss.models.audio.frontend import LogMelFrontend
 from sss.models.audio.hf import HFAudioEncoder
 from sss.models.audio.panns import PannsEncoder
 from sss.models.base import TokenEncoder
+from sss.models.contrastive import ContrastiveModule, contrastive_base, contrastive_small, contrastive_tiny
 from sss.models.fusion.bottleneck import BottleneckFusion
 from sss.models.fusion.cross_attention import CrossModalFusion
 from sss.models.fusion.late import LateFusion
@@ -37,6 +38,7 @@ __all__ = [
     "AudioCNN",
     "AudioSpectrogramTransformer",
     "BottleneckFusion",
+    "ContrastiveModule",
     "CrossModalFusion",
     "EventHead",
     "HFAudioEncoder",
@@ -48,6 +50,9 @@ __all__ = [
     "PannsEncoder",
     "TimmImageEncoder",
     "TokenEncoder",
+    "contrastive_base",
+    "contrastive_small",
+    "contrastive_tiny",
     "create_model",
     "hunter_base",
     "hunter_small",

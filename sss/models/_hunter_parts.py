@@ -6,10 +6,11 @@ import inspect
 from typing import Any
 
 from sss.models.audio.frontend import LogMelFrontend
+from sss.models.base import TokenEncoder
 from sss.models.fusion.base import FusionHead
 from sss.models.registry import EncoderSettings, fusion_class
 
-__all__ = ["audio_settings", "fusion", "image_settings"]
+__all__ = ["audio_settings", "export_settings", "fusion", "image_settings", "preprocessing"]
 
 
 def image_settings(settings: dict[str, Any]) -> EncoderSettings:
@@ -70,3 +71,21 @@ def fusion(settings: dict[str, Any]) -> FusionHead:
         **own,
         **(settings["fusion_kwargs"] or {}),
     )
+
+
+def export_settings(kwargs: dict[str, Any], image_encoder: Any, audio_encoder: Any) -> dict[str, Any]:
+    """Each encoder's `TokenEncoder.export_settings` merged into its ``image_kwargs``/``audio_kwargs`` (`kwargs`)."""
+    found: dict[str, Any] = {}
+    for key, encoder in (("image_kwargs", image_encoder), ("audio_kwargs", audio_encoder)):
+        own = encoder.export_settings() if isinstance(encoder, TokenEncoder) else {}
+        if own:
+            found[key] = {**(kwargs.get(key) or {}), **own}
+    return found
+
+
+def preprocessing(*encoders: Any) -> dict[str, Any]:
+    """Input preparation bound to the encoders' weights (`TokenEncoder.preprocessing` of each)."""
+    found: dict[str, Any] = {}
+    for encoder in encoders:
+        found |= encoder.preprocessing() if isinstance(encoder, TokenEncoder) else {}
+    return found

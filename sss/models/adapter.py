@@ -198,15 +198,15 @@ def plain_export(
         return module, cfg, weights, note
     import dataclasses
 
-    from sss.config.instantiate import split_adapter
+    from sss.config.instantiate import split_model_spec
 
     plain = merged_copy(module, weights)
-    spec = split_adapter(cfg.model)[1] if cfg is not None else None
+    spec = split_model_spec(cfg.model)[1] if cfg is not None else None
     r = next(iter(module.get_submodule(layers[0]).r.values()))
     where = ", ".join(_targets(spec or {})) or f"{len(layers)} layers"
     merged = f"LoRA adapters (r={r} on {where}) merged"
     if cfg is not None:
-        cfg = dataclasses.replace(cfg, model=split_adapter(cfg.model)[0])
+        cfg = dataclasses.replace(cfg, model=split_model_spec(cfg.model)[0])
     return plain, cfg, plain.state_dict(), f"{note}; {merged}" if note else merged
 
 

@@ -472,12 +472,7 @@ class HunterModule(LitModule):
             >>> HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2).export_settings()
             {}
         """
-        found: dict[str, Any] = {}
-        for key, encoder in (("image_kwargs", self.image_encoder), ("audio_kwargs", self.audio_encoder)):
-            own = encoder.export_settings() if isinstance(encoder, TokenEncoder) else {}
-            if own:
-                found[key] = {**(self._kwargs.get(key) or {}), **own}
-        return found
+        return parts.export_settings(self._kwargs, self.image_encoder, self.audio_encoder)
 
     def preprocessing(self) -> dict[str, Any]:
         """Input preparation bound to the weights (`TokenEncoder.preprocessing` of each encoder), for the model folder.
@@ -486,10 +481,7 @@ class HunterModule(LitModule):
             >>> HunterModule(image_encoder="test_resnet", dim=8, audio_width=4, heads=2).preprocessing()
             {}
         """
-        found: dict[str, Any] = {}
-        for encoder in (self.image_encoder, self.audio_encoder):
-            found |= encoder.preprocessing() if isinstance(encoder, TokenEncoder) else {}
-        return found
+        return parts.preprocessing(self.image_encoder, self.audio_encoder)
 
     def set_grad_checkpointing(self, enabled: bool = True, branches: Iterable[str] | None = None) -> None:
         """Turn activation checkpointing on or off per branch: ``image``, ``audio``, ``fusion`` (None = all).

@@ -224,7 +224,7 @@ def launch(
 def _rerun(target: list[str]) -> Rerun | None:
     # `-m sss fit ...`: a lost process is reported with the newest checkpoint (its folder comes from the others'
     # records) and how to continue: the job again, with --resume (the job script's `--resume auto`)
-    return Rerun(None, None) if target[:3] == ["-m", "sss", "fit"] else None
+    return Rerun(None, None) if target[:3] in (["-m", "sss", "fit"], ["-m", "sss", "pretrain"]) else None
 
 
 def _forward_to_children(signum: int, frame: Any) -> None:

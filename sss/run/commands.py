@@ -13,8 +13,20 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["EXIT_CONFIG", "RUN", "check", "check_flags", "config", "data", "export", "fit", "predict", "test", "tune"]
-__all__ += ["convert", "validate"]
+__all__ = [
+    "EXIT_CONFIG",
+    "RUN",
+    "check",
+    "check_flags",
+    "config",
+    "export",
+    "fit",
+    "predict",
+    "pretrain",
+    "test",
+    "tune",
+]
+__all__ += ["convert", "missing_rates", "validate"]
 
 EXIT_CONFIG = 2
 """The exit code of a configuration problem (1: a problem while running; 130: Ctrl-C)."""
@@ -60,32 +72,97 @@ def fit(
             instance
         max_failures: --engine ray: restarts of the worker group after a failure (default 0; -1: no limit)
     """
+    return _train("fit", locals())
+
+
+def pretrain(
+    config: str,
+    overrides: list[str],
+    resume: str | None = None,
+    num_processes: int | None = None,
+    mixed_precision: Precision | None = None,
+    gradient_accumulation_steps: int | None = None,
+    config_file: str | None = None,
+    debug: bool = False,
+    profile: bool = False,
+    engine: Literal["accelerate", "ray"] = "accelerate",
+    num_workers: int | None = None,
+    ray_address: str | None = None,
+    max_failures: int | None = None,
+) -> int:
+    """Pretrain the encoders of CONFIG's model on image-audio pairs, without labels (docs/pretrain.md).
+
+    The model learns which image and which sound belong together (contrastive, sss.models.ContrastiveModule,
+    e.g. model.name=contrastive_small); the run is an sss fit run in every other respect (checkpoints, resume,
+    processes, Ray) and reports retrieval R@1/5/10 and, on a labelled validation split, a linear probe. Then
+    fine-tune: sss fit CONFIG model.init_from=OUTPUT_DIR.
+    """
+    return _train("pretrain", locals())
+
+
+pretrain.__doc__ += "\n    Args:\n" + fit.__doc__.split("Args:\n")[1]  # the same flags as sss fit, the same help
+
+
+def _train(command: str, args: dict[str, Any]) -> int:
+    # sss fit and sss pretrain, with their flags (`args`): one run; pretrain refuses a model that needs labels.
+    config, overrides, resume = args["config"], args["overrides"], args["resume"]
     sources: dict[str, str] = {}
     cfg = _load_checked(config, overrides, sources)  # every check of `sss check`, before any data is read
     if cfg is None:
         return EXIT_CONFIG
-    flags = {"num_processes": num_processes, "mixed_precision": mixed_precision}
-    flags["gradient_accumulation_steps"] = gradient_accumulation_steps
-    processes = _prepare_fit(cfg, sources, flags, config_file, debug)
-    if profile:  # a short torch.profiler window: a trace, TensorBoard's profile files and a summary
+    if command == "pretrain":
+        _require_pretraining_model(cfg, config)
+    if cfg.model.get("init_from") and resume is None:  # a folder without weights: said before any data is read
+        _check_init_from(cfg.model["init_from"])
+    flags = {key: args[key] for key in ("num_processes", "mixed_precision", "gradient_accumulation_steps")}
+    processes = _prepare_fit(cfg, sources, flags, args["config_file"], args["debug"])
+    if args["profile"]:  # a short torch.profiler window: a trace, TensorBoard's profile files and a summary
         cfg.callbacks = [*cfg.callbacks, {"_target_": "sss.callbacks.Profiler"}]
-    if engine == "ray":  # Ray Train's workers run this same fit; Ray, not the process count above, starts them
+    if args["engine"] == "ray":  # Ray Train's workers run this same fit; Ray, not the process count above, starts them
         from sss.run.ray_train import fit_with_ray
 
-        assert num_workers is not None  # the command line's check asked for it
-        fit_with_ray(cfg, num_workers, address=ray_address, max_failures=max_failures or 0, resume=resume)
+        assert args["num_workers"] is not None  # the command line's check asked for it
+        failures = args["max_failures"] or 0
+        fit_with_ray(cfg, args["num_workers"], address=args["ray_address"], max_failures=failures, resume=resume)
         return 0
     from sss.run.launch import Rerun, launch_or_run, resolved_overrides
 
-    extra = [*(["--resume", resume] if resume else []), *["--debug"] * debug, *["--profile"] * profile]
-    rerun = Rerun.of(cfg.trainer.output_dir, RUN.get("argv", ["fit", config, *overrides]))  # after a lost rank
-    words = ["fit", config, *overrides, *resolved_overrides(cfg), *extra]
+    extra = [*(["--resume", resume] if resume else []), *["--debug"] * args["debug"], *["--profile"] * args["profile"]]
+    rerun = Rerun.of(cfg.trainer.output_dir, RUN.get("argv", [command, config, *overrides]))  # after a lost rank
+    words = [command, config, *overrides, *resolved_overrides(cfg), *extra]
     if (launched := launch_or_run(processes, words, RUN.get("traceback", False), rerun)) is not None:
         return launched
     from sss.run.fit import run_fit
 
-    run_fit(cfg, resume=resume)  # its errors become one line and an exit code in sss.cli.main
+    run_fit(cfg, resume=resume, command=command)  # its errors become one line and an exit code in sss.cli.main
     return 0
+
+
+def _check_init_from(path: str) -> None:
+    from sss.config import ConfigError
+    from sss.run.init_from import init_source
+
+    try:
+        init_source(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _require_pretraining_model(cfg: Any, config: str) -> None:
+    # sss pretrain reads no label: a model whose loss needs them would fail at its first step, after the data.
+    from sss.config import ConfigError
+    from sss.config.instantiate import resolve_target
+    from sss.models.contrastive import ContrastiveModule
+
+    target = resolve_target(cfg.model["_target_"])
+    if callable(getattr(target, "class_for", None)) and isinstance(cfg.model.get("name"), str):
+        target = target.class_for(cfg.model["name"])
+    if not (isinstance(target, type) and issubclass(target, ContrastiveModule)):
+        name = cfg.model.get("name") or cfg.model["_target_"]
+        raise ConfigError(
+            f"{config}: sss pretrain learns without labels, but model {name!r} trains on them: use sss fit, or a "
+            "contrastive model (model.name=contrastive_small, as examples/pretrain.yaml)"
+        )
 
 
 def _prepare_fit(cfg: Any, sources: dict[str, str], flags: dict[str, Any], config_file: str | None, debug: bool) -> int:
@@ -183,7 +260,7 @@ def _evaluate(
     from sss.run.launch import launch_or_run
 
     command = "validate" if split == "val" else "test"
-    rates = _missing_rates(missing)
+    rates = missing_rates(missing)
     if output is not None and "LOCAL_RANK" not in os.environ:
         check_output(output, plot=not no_ablation)
     extra = (["--output", output] if output else []) + (["--no-ablation"] if no_ablation else [])
@@ -202,7 +279,13 @@ def _evaluate(
     return 0
 
 
-def _missing_rates(missing: list[str] | None) -> dict[str, float]:
+def missing_rates(missing: list[str] | None) -> dict[str, float]:
+    """The ``--missing MODALITY=RATE`` flags as ``{modality: rate}``; `ConfigError` saying what is wrong with one.
+
+    Example:
+        >>> missing_rates(["image=0.5"])
+        {'image': 0.5}
+    """
     # --missing image=0.5: checked before any process starts; a bad value is a flag error (exit code 2).
     if not missing:
         return {}
@@ -334,152 +417,6 @@ def config(config: str, overrides: list[str]) -> int:
     if taken:
         print(f"# trainer.output_dir: {taken} holds a run, so a fresh `sss fit` writes to {cfg.trainer.output_dir}")
     print(to_yaml(cfg), end="")
-    return 0
-
-
-def data(
-    action: Literal["make", "pack"],
-    kind: str,
-    out: str,
-    n: int = 2000,
-    n_val: int | None = None,
-    n_test: int | None = None,
-    seed: int = 0,
-    image_size: int = 64,
-    sample_rate: int = 16000,
-    clip_seconds: float = 1.0,
-    task: Literal["default", "binding", "redundant"] = "default",
-    missing: list[str] | None = None,
-    shard_size: int = 1000,
-    layout: Literal["manifest", "esc50", "urbansound8k", "desed", "istd", "sbu"] = "manifest",
-    fold: int | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    allow_outside_root: bool = False,
-) -> int:
-    """``sss data make industrial OUT``: write the synthetic industrial dataset (train/val/test) to OUT.
-    ``sss data pack SRC OUT --shard-size N``: write the dataset folder SRC as tar shards to OUT (data.layout=shards).
-
-    Args:
-        kind: make: the dataset to write (industrial); pack: SRC, the dataset folder to pack
-        out: output folder
-        n: training samples
-        n_val: validation samples (default n/5)
-        n_test: test samples (default n/5)
-        image_size: image side in pixels
-        sample_rate: audio sample rate in Hz
-        clip_seconds: audio clip length
-        task: binding: match / mismatch, whether a grille shadow's slat angle (0 or 90 degrees) and a sound
-            (beep or hiss) agree; each modality alone is at chance. redundant: four machines, each shown by its
-            grille's slat angle and heard by its own sound, the image corrupted in 5 of 100 samples, the audio in 30
-        missing: leave MODALITY's cells empty in a seeded fraction RATE of the rows of each split, never both in
-            one row, e.g. image=0.3 (repeat for both: --missing image=0.3 --missing audio=0.2)
-        shard_size: pack: samples per shard
-        layout: pack: how SRC is laid out (as data.layout)
-        fold: pack: the held-out fold of esc50 / urbansound8k (as data.fold)
-        on_error: pack: raise: a bad row stops the pack; skip: it is left out and listed in OUT/skipped.csv
-        allow_outside_root: pack: accept paths that leave SRC (as data.allow_outside_root)
-    """
-    refused = _data_flags_of_the_other_action(action, locals())
-    if refused:
-        return refused
-    if action == "pack":
-        return _data_pack(kind, out, shard_size, layout, fold, on_error, allow_outside_root)
-    return _data_make(kind, out, n, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task, missing)
-
-
-def _data_make(
-    kind: str,
-    out: str,
-    n: int,
-    n_val: int | None,
-    n_test: int | None,
-    seed: int,
-    image_size: int,
-    sample_rate: int,
-    clip_seconds: float,
-    task: str,
-    missing: list[str] | None = None,
-) -> int:
-    """``sss data make``: the generator's limits said with the flags' names (exit code 2), then the dataset."""
-    if kind != "industrial":  # argparse's words, from when this was a choice of the parser
-        print(f"sss data: error: argument kind: invalid choice: {kind!r} (choose from 'industrial')", file=sys.stderr)
-        return EXIT_CONFIG
-    n_val = max(1, n // 5) if n_val is None else n_val
-    n_test = max(1, n // 5) if n_test is None else n_test
-    # The generator's own limits, said with the flags' names (it says n_train, which no flag is called).
-    limits = [
-        ("--n", n, n >= 1, "at least 1"),
-        ("--n-val", n_val, n_val >= 0, "0 or more"),
-        ("--n-test", n_test, n_test >= 0, "0 or more"),
-        ("--image-size", image_size, image_size >= 16, "at least 16 (pixels)"),
-        ("--sample-rate", sample_rate, sample_rate >= 16000, "at least 16000 (the sounds reach 7 kHz)"),
-        ("--clip-seconds", clip_seconds, clip_seconds >= 0.5, "at least 0.5 (room for a transient)"),
-    ]
-    for flag, value, ok, need in limits:
-        if not ok:
-            print(f"error: sss data make {flag} {value}: must be {need}", file=sys.stderr)
-            return EXIT_CONFIG
-    from sss.data import make_industrial
-
-    sizes = {"n_train": n, "n_val": n_val, "n_test": n_test, "image_size": image_size}
-    sound = {"sample_rate": sample_rate, "clip_seconds": clip_seconds}
-    try:
-        rates = _missing_rates(missing)  # its messages name the flag: --missing image=2: the rate must be in [0, 1]
-    except ValueError as exc:
-        print(f"error: sss data make {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    if sum(rates.values()) > 1:
-        given = " ".join(f"--missing {item}" for item in missing or [])
-        print(
-            f"error: sss data make {given}: the rates add up to more than 1, but a row lacks one modality at most",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    print(f"wrote {make_industrial(out, seed=seed, task=task, missing=rates, **sizes, **sound)}")
-    return 0
-
-
-_DATA_MAKE_FLAGS = ("n", "n_val", "n_test", "seed", "image_size", "sample_rate", "clip_seconds", "task", "missing")
-_DATA_PACK_FLAGS = ("shard_size", "layout", "fold", "on_error", "allow_outside_root")
-
-
-def _data_flags_of_the_other_action(action: str, given: dict[str, Any]) -> int:
-    """Refuse the flags (given, not at their defaults) of the other ``sss data`` action: silently ignored, a flag
-    would look as if it had done something. Exit code 2 with one line, or 0 when there are none."""
-    import inspect
-
-    defaults = {name: p.default for name, p in inspect.signature(data).parameters.items()}
-    names = _DATA_PACK_FLAGS if action == "make" else _DATA_MAKE_FLAGS
-    flags = " ".join(f"--{name.replace('_', '-')}" for name in names if given[name] != defaults[name])
-    if not flags:
-        return 0
-    other = "pack" if action == "make" else "make"
-    print(f"error: sss data {action}: {flags}: only with sss data {other}", file=sys.stderr)
-    return EXIT_CONFIG
-
-
-def _data_pack(
-    src: str, out: str, shard_size: int, layout: str, fold: int | None, on_error: str, allow_outside_root: bool
-) -> int:
-    """``sss data pack``: bad input (a count, a row, an existing OUT) is one line and exit code 2."""
-    if shard_size < 1:
-        print(f"error: sss data pack --shard-size {shard_size}: must be at least 1", file=sys.stderr)
-        return EXIT_CONFIG
-    from sss.data import DataError
-    from sss.data.shards import pack
-
-    try:
-        report = pack(
-            src, out, shard_size=shard_size, layout=layout, fold=fold, on_error=on_error,
-            allow_outside_root=allow_outside_root,
-        )  # fmt: skip
-    except (DataError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    skipped = (
-        f"; {len(report.skipped)} row(s) skipped, listed in {report.out / 'skipped.csv'}" if report.skipped else ""
-    )
-    print(f"wrote {report.out}{skipped}")
     return 0
 
 

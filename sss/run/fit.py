@@ -33,7 +33,9 @@ from sss.trainer.trainer import EvaluationStopped, SSSTrainer
 __all__ = ["run_fit"]
 
 
-def run_fit(cfg: SSSConfig, resume: str | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+def run_fit(
+    cfg: SSSConfig, resume: str | None = None, callbacks: Sequence[Callback] = (), command: str = "fit"
+) -> dict[str, Any]:
     """Train the run described by `cfg`; return (and write to OUTPUT_DIR/results.json) its results.
 
     `resume` is ``"latest"`` (the newest checkpoint in OUTPUT_DIR that verifies), ``"auto"`` (the same,
@@ -41,7 +43,8 @@ def run_fit(cfg: SSSConfig, resume: str | None = None, callbacks: Sequence[Callb
     ``trainer.resume`` (``never``: a fresh run). The main process holds OUTPUT_DIR's lock
     (``.sss.lock``) for the whole run. `callbacks` run after the config's own (an engine's: Ray's metric reports).
     The folder and the checkpoint are `sss.run.folder`'s choice; a refusal there (nothing to resume, a
-    finished run, a damaged checkpoint given by path) raises `sss.errors.RunFolderError`.
+    finished run, a damaged checkpoint given by path) raises `sss.errors.RunFolderError`. `command` names the
+    run in the printed tables (``sss pretrain`` runs this same function).
     """
     wall_start = time.perf_counter()
     resume = cfg.trainer.resume if resume is None else resume  # the --resume flag, when given, wins over the key
@@ -49,14 +52,14 @@ def run_fit(cfg: SSSConfig, resume: str | None = None, callbacks: Sequence[Callb
     state = process_state(cfg)  # after every process of a launched run met the others (trainer.rendezvous_timeout)
     cfg.trainer.output_dir, lock = claim_output_dir(cfg, resume, state)
     with lock:
-        return _fit_holding_the_folder(cfg, resume, state, wall_start, callbacks)
+        return _fit_holding_the_folder(cfg, resume, state, wall_start, callbacks, command)
 
 
 def _fit_holding_the_folder(
-    cfg: SSSConfig, resume: str | None, state: Any, wall_start: float, extra: Sequence[Callback] = ()
+    cfg: SSSConfig, resume: str | None, state: Any, wall_start: float, extra: Sequence[Callback], command: str
 ) -> dict[str, Any]:
     ckpt = resume_checkpoint(cfg, resume, state)
-    parts = build_parts(cfg)
+    parts = build_parts(cfg, init_from=ckpt is None)  # a resume continues from its checkpoint's weights
     datamodule, module = parts.datamodule, parts.module
     if parts.from_data and state.is_main_process:
         print("sss: model settings from the data: " + ", ".join(f"model.{k}={v}" for k, v in parts.from_data.items()))
@@ -84,10 +87,11 @@ def _fit_holding_the_folder(
     if state.is_main_process:
         store_results(out, results, resumed=ckpt is not None)
         if evaluation is not None:  # with the robustness table after it
-            print_evaluation(evaluation, f"sss fit {cfg.name}: validation, fused and per modality")
+            what = "fused and per modality" if evaluation.get("ablation") else "at the end"
+            print_evaluation(evaluation, f"sss {command} {cfg.name}: validation, {what}")
         hidden = ("val/", "robustness") if evaluation is not None else ("robustness",)
         shown = {k: v for k, v in results.items() if not k.startswith(hidden)}
-        _print_results(cfg.name, shown, out / "results.json")
+        _print_results(f"sss {command} {cfg.name}", shown, out / "results.json")
     state.wait_for_everyone()
     state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
     if push_failed is not None:
@@ -233,11 +237,11 @@ class _FinalEvaluation(Callback):
             plots.robustness = self.result.get("robustness")  # drawn at its FIT_END, after this one's
 
 
-def _print_results(name: str, results: dict[str, Any], path: Path) -> None:
+def _print_results(title: str, results: dict[str, Any], path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"sss fit {name}: results")
+    table = Table(title=f"{title}: results")
     table.add_column("key")
     table.add_column("value", justify="right")
     for key, value in results.items():  # metrics to 4 decimals; the run's own figures as results.json has them

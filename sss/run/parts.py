@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sss.config import ConfigError, SSSConfig, instantiate
-from sss.config.instantiate import split_adapter
+from sss.config.instantiate import split_model_spec
 from sss.run.cluster import preflight_rendezvous
 from sss.trainer.module import LitModule
 from sss.trainer.trainer import use_cpu
@@ -33,10 +33,12 @@ class Parts:
     """The model settings that came from the data (e.g. ``num_classes``), already merged into ``config.model``."""
 
 
-def build_parts(cfg: SSSConfig) -> Parts:
+def build_parts(cfg: SSSConfig, init_from: bool = False) -> Parts:
     """Build the data module and the module of `cfg`; ``cfg.model`` gets the settings that come from the data.
 
-    The model's initial weights are seeded with ``trainer.seed`` (they are part of the run).
+    The model's initial weights are seeded with ``trainer.seed`` (they are part of the run). With `init_from`
+    (a fresh ``sss fit``), ``model.init_from`` then loads the encoders (`sss.run.init_from`); a resume,
+    ``sss validate`` and ``sss export`` load trained weights instead and never read that folder.
 
     Example:
         >>> from sss.config import load_config
@@ -57,9 +59,11 @@ def build_parts(cfg: SSSConfig) -> Parts:
     set_seed(cfg.trainer.seed)  # the model's initial weights are part of the run
     from_data = sizes_from_data(cfg.model, datamodule)
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
-    spec, adapter = split_adapter(cfg.model)  # model.adapter wraps the built model; it stays in the run's config
+    spec, adapter = split_model_spec(cfg.model)  # model.adapter wraps the built model; it stays in the run's config
     module = instantiate(spec)
     _bind_to_weights(cfg, module, datamodule, state.is_main_process)
+    if init_from and cfg.model.get("init_from"):  # after the pretrained encoders' reports: it loads over them
+        _init_encoders(module, cfg.model["init_from"], state.is_main_process)
     if adapter is not None:  # before the trainer prepares the module: its optimizer takes what still trains
         from sss.models.adapter import apply_adapter
 
@@ -86,6 +90,17 @@ def _bind_to_weights(cfg: SSSConfig, module: Any, datamodule: Any, main: bool) -
         report = getattr(getattr(module, part, None), "load_report", None)
         if main and callable(getattr(report, "summary", None)):
             print(f"sss: {report.summary()}", flush=True)
+
+
+def _init_encoders(module: Any, path: str, main: bool) -> None:
+    from sss.run.init_from import init_encoders_from
+
+    try:
+        reports = init_encoders_from(module, path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    for report in reports if main else ():
+        print(f"sss: {report.summary()}", flush=True)
 
 
 def process_state(cfg: SSSConfig) -> Any:

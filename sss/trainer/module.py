@@ -64,6 +64,10 @@ class LitModule(nn.Module):
     """The batch key of each modality: what `forward` encodes, what the modality ablation zeroes and what
     the model summary's dummy batch holds. Set e.g. ``{"image": "images", "audio": "wave"}`` for data
     with other keys; a modality left out is not used."""
+    ablation: bool = True
+    """Whether `sss.evaluation.evaluate` (the end of ``sss fit``, ``sss validate``) also scores the model with each
+    modality absent (the ablation and the robustness report); False for a model that needs both at once (the
+    contrastive `sss.models.ContrastiveModule`)."""
     target_key: str | int | None = None
     """The batch key of the clip target that `validation_outputs` scores; None: ``"label"`` (class indices)
     or ``"labels"`` (multi-hot), as the data of `sss` names them. A key set here is read by its
