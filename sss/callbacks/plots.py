@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sss.trainer.module import LitModule
     from sss.trainer.trainer import SSSTrainer
 
-__all__ = ["FAMILIES", "EvalPass", "Plots", "family_of", "robustness_figure"]
+__all__ = ["FAMILIES", "EvalPass", "Plots", "family_of", "is_curve", "robustness_figure"]
 
 MISSING = (
     "Plots needs matplotlib, which sss installs with itself: pip install 'matplotlib>=3.7' "
@@ -51,6 +51,9 @@ def _under(*prefixes: str) -> Callable[[str], bool]:
 FAMILIES = (
     Family("loss", "loss", False, lambda k: k.endswith("/loss")),
     Family("validation metrics", "score (0 to 1)", False, lambda k: False),  # filled by range, see family_of
+    Family("retrieval", "recall at k (chance k / N)", False, lambda k: _retrieval(k) and not _median_rank(k)),
+    # Linear: the ranks of a run often stay within one decade, where a log axis would show no tick label.
+    Family("retrieval rank", "median rank of the true pair", False, lambda k: _retrieval(k) and _median_rank(k)),
     Family("learning rate", "learning rate", True, lambda k: k == "train/lr" or k.startswith("train/lr/")),
     Family("momentum", "momentum / beta1", False, _under("train/momentum/")),
     Family("gradient norm", "L2 norm, before clipping", True, lambda k: k.split("/")[:2] == ["train", "grad_norm"]),
@@ -68,21 +71,46 @@ FAMILIES = (
 
 MARKERS = "osD^v<>ph*"
 
+GROUPED = ("retrieval", "linear_probe")
+"""``val/<group>/<metric>`` keys that are dataset-level figures (plotted), unlike per-class ``val/f1/<class>``."""
+
 NOT_PLOTTED = ("train/epoch", "train/skipped_steps")  # a step counter, and what train/overflow/skipped shows
+
+
+def _retrieval(key: str) -> bool:
+    return key.startswith("val/retrieval/")
+
+
+def _median_rank(key: str) -> bool:
+    return key.endswith("_median_rank")
+
+
+def is_curve(key: str) -> bool:
+    """Whether the validation metric `key` gets a curve in ``metrics.png``: ``val/<name>`` or a `GROUPED` figure.
+
+    Example:
+        >>> [is_curve(k) for k in ("val/accuracy", "val/retrieval/audio_to_image_r1", "val/f1/dog", "train/loss")]
+        [True, True, False, False]
+    """
+    parts = key.split("/")
+    return parts[0] == "val" and (len(parts) == 2 or (len(parts) == 3 and parts[1] in GROUPED))
 
 
 def family_of(key: str, values: Sequence[float] = ()) -> Family:
     """The panel of ``metrics.png`` that the metric `key` goes into.
 
     A validation metric other than the loss joins ``validation metrics`` when all its `values` lie
-    in [0, 1] (accuracy, F1, mAP, BER, ...); any other metric that no `FAMILIES` entry holds gets a
-    panel of its own, titled with its name.
+    in [0, 1] (accuracy, F1, mAP, BER, ``linear_probe/accuracy``, ...). The retrieval recalls share
+    a ``retrieval`` panel and their median ranks a ``retrieval rank`` one. Any other metric that no
+    `FAMILIES` entry holds gets a panel of its own, titled with its name.
 
     Example:
         >>> family_of("train/grad_norm/audio").title, family_of("val/loss").title
         ('gradient norm', 'loss')
         >>> family_of("val/accuracy", [0.5, 0.9]).ylabel, family_of("val/error_rate", [1.4]).title
         ('score (0 to 1)', 'val/error_rate')
+        >>> family_of("val/retrieval/audio_to_image_r5").title, family_of("val/linear_probe/accuracy", [0.7]).title
+        ('retrieval', 'validation metrics')
     """
     for fam in FAMILIES:
         if fam.match(key):
@@ -126,8 +154,10 @@ class Plots(Callback):
       learning rate, gradient norm, throughput, memory, ...), x the optimizer step, y the family's
       name and unit, a legend beside the panel (for one series, the title names it). Training figures every
       `every_n_steps` steps (the loss, the LR, and what health callbacks listed *before* this one
-      published in ``state.logs``); validation figures at each fused validation. Per-class metrics
-      (``val/f1/<class>``) are left to the trackers.
+      published in ``state.logs``); validation figures at each fused validation, with the
+      self-supervised ones (``val/retrieval/*``: a ``retrieval`` panel of the R@k curves and one of the
+      median ranks; ``val/linear_probe/*`` among the scores). Per-class metrics (``val/f1/<class>``)
+      are left to the trackers.
     * ``confusion_matrix.png``: predicted against true class of the latest *fused* validation pass,
       from the ``preds`` and ``target`` that `validation_step` returned (``state.eval_outputs``,
       gathered from all processes), ticks named by the datamodule's ``classes`` (indices otherwise).
@@ -201,7 +231,7 @@ class Plots(Callback):
         for row in read_metrics(trainer.output_dir / "logs" / "metrics.csv", up_to_step=until):
             step = int(row.pop("step", 0))
             for key, value in row.items():
-                if key.startswith("val/") and key.count("/") == 1:
+                if is_curve(key):
                     self.evals.setdefault(key, []).append((step, value))
                 elif _plotted(key):
                     self.train.setdefault(key, []).append((step, value))
@@ -238,7 +268,7 @@ class Plots(Callback):
             self.passes[prefix] = EvalPass(prefix, state.global_step, preds, target)
         if prefix == "val":  # the ablation passes' figures are single points at the end: the results table has them
             for key, value in state.eval_metrics.items():
-                if key.count("/") == 1:  # per-class keys (val/f1/<class>) stay with the trackers
+                if is_curve(key):  # per-class keys (val/f1/<class>) stay with the trackers
                     self.evals.setdefault(key, []).append((state.global_step, float(value)))
 
     def on_fit_end(self, trainer: SSSTrainer, module: LitModule) -> None:

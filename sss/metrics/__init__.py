@@ -1,4 +1,4 @@
-"""Dataset-level metrics on gathered predictions: classification, sound event detection, shadow BER.
+"""Dataset-level metrics on gathered outputs: classification, sound event detection, shadow BER, retrieval, probes.
 
 Each function takes the whole evaluation set (already gathered from every process with
 ``accelerator.gather_for_metrics``), keeps no state and returns plain floats, so results go straight
@@ -12,6 +12,7 @@ Example:
 """
 
 from sss.metrics.classification import confusion_matrix, multiclass_metrics, multilabel_metrics
+from sss.metrics.retrieval import linear_probe, retrieval_metrics
 from sss.metrics.sed import (
     Event,
     event_based_metrics,
@@ -28,10 +29,12 @@ __all__ = [
     "confusion_matrix",
     "event_based_metrics",
     "frames_to_events",
+    "linear_probe",
     "mask_counts",
     "median_filter",
     "multiclass_metrics",
     "multilabel_metrics",
+    "retrieval_metrics",
     "sed_metrics",
     "segment_based_metrics",
     "shadow_metrics",

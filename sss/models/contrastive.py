@@ -224,7 +224,7 @@ class ContrastiveModule(LitModule):
             return {}
         scale = self.logit_scale.detach().clamp(max=math.log(MAX_LOGIT_SCALE)).exp().float().to(image.device)
         metrics = {"loss": float(info_nce(image, audio, scale, chunk=1024))} | retrieval_metrics(image, audio)
-        target = outputs.get("label")
+        target = outputs.get("label", outputs.get("labels"))  # class indices, or multi-hot (the probe's mAP)
         if target is not None:
             features = torch.cat([outputs["image_features"], outputs["audio_features"]], dim=1)
             metrics |= linear_probe(features, target, num_classes=self.num_classes)
