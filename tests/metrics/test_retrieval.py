@@ -157,12 +157,6 @@ def test_deterministic_and_float32_whatever_the_input_dtype() -> None:
     assert retrieval_metrics(image.bfloat16(), audio.bfloat16()).keys() == first.keys()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_the_same_on_the_gpu() -> None:
-    image, audio = _planted(50, 3)
-    assert retrieval_metrics(image.cuda(), audio.cuda(), ks=KS) == retrieval_metrics(image, audio, ks=KS)
-
-
 @pytest.mark.parametrize(
     ("image", "audio", "ks", "message"),
     [
