@@ -23,7 +23,7 @@ from sss.data._decode import IMAGENET, DataError, ImageNorm
 from sss.data._paths import RootRule, not_regular
 from sss.data.datamodule import DataModule
 from sss.data.layouts import LAYOUTS, SPLITS, SplitRows, read_split
-from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate
+from sss.data.manifest import ON_ERROR, ManifestDataset, SkipLog, _default_classes, collate, unlabelled_rows
 from sss.data.record_setup import (
     MIN_INFERRED_CLIP_SECONDS,
     RECORD_LAYOUTS,
@@ -81,6 +81,11 @@ class ManifestDataModule(DataModule):
         shuffle_buffer: Samples per shuffle window of a stream.
         columns: ``layout=hf``: sss name -> column, e.g. ``{audio: wav, label: category}`` (default: by the
             columns' feature types and names).
+        labels: ``"required"``: every manifest has a ``label`` (or ``labels``) column and every row a label.
+            ``"optional"`` (pretraining on image-audio pairs): a split without a label column, or with empty
+            ``label`` cells, is read as unlabelled (no ``"label"`` in its batches; setup says so); a split with
+            labels keeps them (a labelled val split feeds a linear probe). With an unlabelled train split
+            `classes` is empty, and the labelled splits' classes come from ``classes.txt``, else their own labels.
 
     Example:
         >>> import tempfile
@@ -125,6 +130,7 @@ class ManifestDataModule(DataModule):
         streaming: bool = False,
         shuffle_buffer: PositiveInt = 512,
         columns: dict[str, str] | None = None,
+        labels: Literal["required", "optional"] = "required",
     ) -> None:
         super().__init__()
         if layout not in (*LAYOUTS, *RECORD_LAYOUTS):
@@ -132,6 +138,8 @@ class ManifestDataModule(DataModule):
         check_record_options(layout, streaming, columns, cache)
         if on_error not in ON_ERROR:
             raise ValueError(f"data.on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+        if labels not in ("required", "optional"):
+            raise ValueError(f"data.labels must be 'required' or 'optional', got {labels!r}")
         if cache not in (None, "features"):
             raise ValueError(f"data.cache must be null or 'features', got {cache!r}")
         loader_options(num_workers, pin_memory, persistent_workers, prefetch_factor, device="cpu")  # checks them
@@ -142,7 +150,7 @@ class ManifestDataModule(DataModule):
         self.image_size, self.sample_rate, self.clip_seconds = image_size, sample_rate, clip_seconds
         self.augment, self.event_frame_rate, self.n_mels = augment, event_frame_rate, n_mels
         self.cache, self.cache_dir = cache, cache_dir
-        self.on_error, self.allow_outside_root = on_error, allow_outside_root
+        self.on_error, self.allow_outside_root, self.labels = on_error, allow_outside_root, labels
         self.streaming, self.shuffle_buffer, self.columns = streaming or layout == "shards", shuffle_buffer, columns
         self.image_norm = IMAGENET  # a pretrained image encoder's own: `use_model_preprocessing`
         self.datasets: dict[str, ManifestDataset] = {}
@@ -151,15 +159,21 @@ class ManifestDataModule(DataModule):
         self.task = ""
         # One log for every split, process and worker (see SkipLog).
         self.skip_log = SkipLog(Path(tempfile.gettempdir()) / f"sss-skipped-{os.getpid()}-{uuid.uuid4().hex[:8]}.csv")
+        self.classes = self._early_classes()
+
+    def _early_classes(self) -> list[str]:
+        """The classes before setup, read cheaply (one manifest, no file checks): the run sizes the model's head."""
         if self.layout in RECORD_LAYOUTS:
-            self.classes = record_classes(self)  # the index or the table's metadata: cheap, as below
-        elif self.root is not None and self.root.is_dir():
-            # Cheap (one manifest read, no file checks): lets the run size the model's head before setup.
-            try:
-                found = read_split(layout, self.root, "train", fold, allow_outside_root=allow_outside_root)
-                self.classes = _default_classes(self.root, found, allow_outside_root) if found is not None else []
-            except DataError:
-                pass  # reported by setup, with the full context
+            return record_classes(self)  # the index or the table's metadata: cheap, as below
+        if self.root is None or not self.root.is_dir():
+            return []
+        try:
+            found = read_split(self.layout, self.root, "train", self.fold, allow_outside_root=self.allow_outside_root)
+            if found is None or (self.labels == "optional" and unlabelled_rows(found)):
+                return []  # data.labels=optional and an unlabelled train split: no class count for a head
+            return _default_classes(self.root, found, self.allow_outside_root)
+        except DataError:
+            return []  # reported by setup, with the full context
 
     @staticmethod
     def config_problems(**arguments: object) -> list[str]:
@@ -197,13 +211,22 @@ class ManifestDataModule(DataModule):
             if self._read(split) is None:
                 continue
             dataset = self._dataset(split, classes, event_classes)
-            classes, event_classes = dataset.classes, dataset.event_classes
+            event_classes = dataset.event_classes
+            if dataset.has_label or self.labels == "required":
+                classes = dataset.classes
+            elif not (self.root / "classes.txt").exists():
+                classes = None  # an unlabelled split's stray labels name nothing: the next labelled split's own do
             self.datasets[split] = dataset
         if not self.datasets:
             raise FileNotFoundError(f"no split found in {self.root} for layout {self.layout!r}")
         any_set = next(iter(self.datasets.values()))
-        self.classes, self.event_classes, self.modalities = list(classes or []), event_classes or [], any_set.modalities
-        self.task = "multilabel" if any_set.multilabel else ("multiclass" if any_set.has_label else "segmentation")
+        labelled = next((d for d in self.datasets.values() if d.has_label), any_set)
+        self.event_classes, self.modalities = event_classes or [], any_set.modalities
+        # An unlabelled train split gives no classes, so that no classifier head is sized from it.
+        self.classes = list(classes or []) if any_set.has_label or any_set.split != "train" else []
+        self.task = "multilabel" if labelled.multilabel else ("multiclass" if labelled.has_label else "segmentation")
+        if not labelled.has_label and not any(d.has_mask for d in self.datasets.values()):
+            self.task = "unlabelled"
         if self.cache == "features":
             from sss.data.cache import attach_feature_cache
 
@@ -234,6 +257,7 @@ class ManifestDataModule(DataModule):
             on_error=self.on_error,
             allow_outside_root=self.allow_outside_root,
             skip_log=self.skip_log.path,
+            labels_optional=self.labels == "optional",
             seed=self.seed,
             image_norm=self.image_norm,
         )
@@ -295,6 +319,10 @@ class ManifestDataModule(DataModule):
                 not path for d in self.datasets.values() if getattr(d, "both", False) for path in getattr(d, column)
             )
             extras += [f"{lacking} row(s) without {modality}"] if lacking else []
+        for split, dataset in self.datasets.items():  # data.labels=optional: the splits read without labels
+            if getattr(dataset, "labels_optional", False) and not dataset.has_label:  # the record layouts' have none
+                count = f" ({dataset.unlabelled_rows} row(s) without a label)" if dataset.label_column else ""
+                extras += [f"{split} unlabelled{count}"]
         audio = (
             f", clip {self.clip_seconds:g} s{' (inferred)' if inferred else ''} at {self.sample_rate} Hz"
             if "audio" in self.modalities

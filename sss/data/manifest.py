@@ -65,6 +65,7 @@ __all__ = [
     "load_audio",
     "load_image",
     "load_mask",
+    "unlabelled_rows",
 ]
 
 ON_ERROR = ("raise", "skip")
@@ -118,6 +119,9 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             in the files read from it (``classes.txt``, the manifest, event tables; see `sss.data._paths`).
         skip_log: Where skipped rows are recorded (``on_error="skip"``); None: a temporary file.
         require_label: Refuse a manifest without ``label``/``labels`` (False for prediction inputs).
+        labels_optional: Read a manifest without a label column as unlabelled, and also one whose ``label``
+            column leaves some cells empty (`unlabelled_rows` counts them; its items then have no ``"label"``);
+            for pretraining on pairs (``data.labels=optional``). Implies ``require_label=False``.
         seed: Seed of the augmentation: a sample's crops and flips are a function of (seed, epoch, index).
         image_norm: Mean, std and resize filter of the images (`ImageNorm`); None: ImageNet's, bilinear. A
             pretrained image encoder's come from its ``preprocessing()`` (see ``use_model_preprocessing``).
@@ -151,6 +155,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         allow_outside_root: bool = False,
         skip_log: str | os.PathLike[str] | None = None,
         require_label: bool = True,
+        labels_optional: bool = False,
         seed: int = 0,
         image_norm: ImageNorm | None = None,
     ) -> None:
@@ -165,7 +170,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         if found is None:
             raise FileNotFoundError(f"manifest not found: {self.root / split}.csv (or .jsonl) for layout {layout!r}")
         self.source = found.source
-        self.on_error, self.allow_outside_root, self.require_label = on_error, allow_outside_root, require_label
+        self.on_error, self.allow_outside_root = on_error, allow_outside_root
+        self.require_label, self.labels_optional = require_label and not labels_optional, labels_optional
         self.seed, self.image_norm = seed, image_norm or IMAGENET
         # Shared memory, so that persistent DataLoader workers see the epoch the trainer sets.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
@@ -194,7 +200,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             raise DataError(f"{self.source}: no image or audio column (the header has {has}); add image and/or audio")
         if self.layout == "manifest" and self.require_label and not columns & {"label", "labels"}:
             raise DataError(
-                f"{self.source}: missing column label (or labels, ';'-separated, for multi-label); the header has {has}"
+                f"{self.source}: missing column label (or labels, ';'-separated, for multi-label); the header has "
+                f"{has}; for pretraining on unlabelled pairs set data.labels=optional"
             )
         if {"label", "labels"} <= columns:
             raise DataError(f"{self.source}: has both label and labels columns; keep one")
@@ -203,6 +210,10 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         self.has_mask, self.has_events = "mask" in columns, "events" in columns
         self.multilabel = "labels" in columns
         self.has_label = bool(columns & {"label", "labels"})
+        # Optional labels: a label column with empty cells (a few labelled rows among many) is an unlabelled split.
+        self.unlabelled_rows = unlabelled_rows(found) if self.labels_optional else 0
+        self.label_column = self.has_label  # even when its empty cells make the split unlabelled
+        self.has_label = self.has_label and not self.unlabelled_rows
 
     def _default_event_classes(self, found: SplitRows) -> list[str]:
         if not self.has_events:
@@ -598,6 +609,25 @@ def _check_absences(given: dict[str, bool]) -> None:
             "has an empty audio path but an events table; events belong to its audio: give the audio, or leave "
             "the events cell empty too"
         )
+
+
+def unlabelled_rows(found: SplitRows) -> int:
+    """How many rows of a split have no label: all of them without a label column, else the empty ``label`` cells.
+
+    A ``labels`` (multi-label) cell may be empty: it names no class, which is a label.
+
+    Example:
+        >>> from sss.data.layouts import SplitRows
+        >>> rows = [(2, {"audio": "a.wav", "label": "hum"}), (3, {"audio": "b.wav", "label": ""})]
+        >>> unlabelled_rows(SplitRows("train.csv", rows, columns=["audio", "label"]))
+        1
+    """
+    columns = set(found.columns) if found.columns else {k for _, row in found.rows for k in row}
+    if "labels" in columns:
+        return 0
+    if "label" not in columns:
+        return len(found.rows)
+    return sum(_empty(row.get("label")) for _, row in found.rows)
 
 
 def _default_classes(root: Path, found: SplitRows, allow_outside_root: bool = False) -> list[str]:

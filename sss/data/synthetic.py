@@ -28,6 +28,11 @@ so a fusion learns the agreement from the label alone within a few hundred steps
 
 ``task="redundant"``: four machines, each shown by its grille's slat angle and heard by its own sound,
 each modality corrupted alone (the image in 5% of the samples, the audio in 30%: `sss.data._redundant`).
+
+``task="shared"``: sixteen machine types, each seen (its grille's pattern and pitch) and heard (its sound's
+kind and band) faintly, under independent nuisances per modality; the label groups the types into four classes
+that neither factor gives alone (`sss.data._shared`). For contrastive pretraining on image-clip pairs.
+
 ``missing=`` (any task) leaves image or audio cells empty, never both in a row (`make_industrial`).
 """
 
@@ -37,7 +42,6 @@ import csv
 import hashlib
 import io
 import json
-import math
 import os
 import shutil
 import struct
@@ -47,6 +51,7 @@ import wave
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,10 +59,12 @@ import numpy as np
 
 from sss._writing import writing_to
 from sss.config.constraints import NonNegativeInt, PositiveFloat, PositiveInt
-from sss.data import _redundant, _render  # the binding task's scenes reuse the default's floor, lamp and hum
+from sss.data import _redundant, _shared
+from sss.data._binding import BINDING_SHADOWS, BINDING_SOUNDS, binding_audio, binding_image
 from sss.data._decode import file_lock
 from sss.data._redundant import REDUNDANT_CLASSES, REDUNDANT_SHADOWS, REDUNDANT_SOUNDS, REDUNDANT_VERSION
 from sss.data._render import EVENT_TYPES, Event, render_audio, render_image
+from sss.data._shared import SHARED_CLASSES, SHARED_SHADOWS, SHARED_SOUNDS, SHARED_TYPES, SHARED_VERSION
 from sss.data.folder import ManifestDataModule
 from sss.data.presence import parse_missing
 
@@ -75,6 +82,10 @@ __all__ = [
     "REDUNDANT_CLASSES",
     "REDUNDANT_SHADOWS",
     "REDUNDANT_SOUNDS",
+    "SHARED_CLASSES",
+    "SHARED_SHADOWS",
+    "SHARED_SOUNDS",
+    "SHARED_TYPES",
     "TASKS",
     "IndustrialDataModule",
     "make_industrial",
@@ -86,16 +97,15 @@ CLASSES = ("idle", "fault", "passerby", "collision")
 BINDING_CLASSES = ("mismatch", "match")
 """Classes of ``task="binding"``: index = whether the shadow's slat angle and the sound are partners."""
 
-BINDING_SHADOWS = ("slats_0", "slats_90")
-"""The binding task's image factor: the slat angle of the grille's shadow (degrees)."""
-
-BINDING_SOUNDS = ("beep", "hiss")
-"""The binding task's audio factor, in partner order: ``BINDING_SOUNDS[k]`` matches ``BINDING_SHADOWS[k]``."""
-
-TASKS = ("default", "binding", "redundant")
+TASKS = ("default", "binding", "redundant", "shared")
 """The labelling tasks of the generator (see the module docstring)."""
 
-_TASK_CLASSES = {"default": CLASSES, "binding": BINDING_CLASSES, "redundant": REDUNDANT_CLASSES}
+_TASK_CLASSES = {
+    "default": CLASSES,
+    "binding": BINDING_CLASSES,
+    "redundant": REDUNDANT_CLASSES,
+    "shared": SHARED_CLASSES,
+}
 
 GENERATOR_VERSION = 3
 """Bump when the generator's output changes, so cached datasets are regenerated."""
@@ -103,7 +113,7 @@ GENERATOR_VERSION = 3
 BINDING_VERSION = 2
 """Bump when the binding task's rendering changes (its stamp records it; the default task's stamp does not)."""
 
-_TASK_VERSIONS = {"binding": BINDING_VERSION, "redundant": REDUNDANT_VERSION}
+_TASK_VERSIONS = {"binding": BINDING_VERSION, "redundant": REDUNDANT_VERSION, "shared": SHARED_VERSION}
 _SPLITS = ("train", "val", "test")
 _STAMP = "sss-dataset.json"  # written last, inside the folder that is renamed into place: its presence means complete
 
@@ -145,7 +155,8 @@ def make_industrial(
             the label; the manifests get ``shadow`` and ``sound`` columns, from `BINDING_SHADOWS` and
             `BINDING_SOUNDS`) or ``"redundant"`` (`REDUNDANT_CLASSES`: image and audio both carry the label,
             each corrupted alone, the image in 5% of the samples and the audio in 30%; ``shadow`` and
-            ``sound`` columns, ``noise`` where corrupted).
+            ``sound`` columns, ``noise`` where corrupted) or ``"shared"`` (`SHARED_CLASSES`: sixteen machine types,
+            seen and heard, in four classes no single factor tells; ``shadow``, ``sound``, ``machine`` columns).
         missing: ``{"image": 0.3, "audio": 0.2}``: the image cell (and the row's ``mask`` cell) is empty in
             a seeded 30% of the rows of each split, the audio cell (and its ``events`` cell) in another 20%,
             never both in one row; those files are not written, nor their events. Recorded in the stamp.
@@ -306,12 +317,14 @@ def _write_files(files: list[tuple[str, bytes]]) -> None:
 def _render_splits(root: Path, args: dict[str, Any], events: list[tuple[str, Event]], write: Any) -> None:
     task = args["task"]
     header = ["image", "audio", "label", "mask", "events"] + (["shadow", "sound"] if task != "default" else [])
+    header += ["machine"] if task == "shared" else []
     for split_id, split in enumerate(_SPLITS):
         count = args[f"n_{split}"]
         if count == 0:
             continue
-        # Exactly balanced classes (and, for binding, factor pairs: _PAIRS) up to n % 4, in a seeded random order.
-        cycle = len(_PAIRS) if task == "binding" else len(CLASSES)
+        # Exactly balanced classes (binding: factor pairs, _PAIRS; shared: machine types) up to n % cycle, in a
+        # seeded random order.
+        cycle = {"binding": len(_PAIRS), "shared": len(SHARED_TYPES)}.get(task, len(CLASSES))
         labels = np.random.default_rng([args["seed"], split_id]).permutation(np.arange(count) % cycle)
         noisy = _redundant.corrupted(args["seed"], split_id, count) if task == "redundant" else None
         absent = _absent_cells(args, split_id, count)
@@ -321,20 +334,14 @@ def _render_splits(root: Path, args: dict[str, Any], events: list[tuple[str, Eve
             key = (args["seed"], split_id, index)
             row = [f"images/{name}.png", f"audio/{name}.wav", "", f"masks/{name}.png", "events.tsv"]
             sink = _leaving_out(write, absent[index])
-            if task == "binding":
-                shadow, sound = _PAIRS[label]
-                event: Event | None = _write_binding_sample(root, name, shadow, sound, key, args, sink)
-                row[2] = BINDING_CLASSES[int(shadow == sound)]
-                row += [BINDING_SHADOWS[shadow], BINDING_SOUNDS[sound]]
-            elif noisy is not None:
-                corrupt = (bool(noisy[0][index]), bool(noisy[1][index]))
-                event = _write_redundant_sample(root, name, label, corrupt, key, args, sink)
-                row[2] = REDUNDANT_CLASSES[label]
-                row += [_redundant.NOISE if corrupt[0] else REDUNDANT_SHADOWS[label]]
-                row += [_redundant.NOISE if corrupt[1] else REDUNDANT_SOUNDS[label]]
-            else:
+            if task == "default":
                 event = _write_sample(root, name, label, key, args, sink)
                 row[2] = CLASSES[label]
+            else:
+                corrupt = (bool(noisy[0][index]), bool(noisy[1][index])) if noisy is not None else (False, False)
+                columns, draw_image, draw_audio = _task_sample(task, label, corrupt)
+                event = _write_rendered(root, name, key, args, sink, draw_image, draw_audio)
+                row[2], row[5:] = columns[0], columns[1:]
             for column in _ABSENT_COLUMNS.get(absent[index], ()):
                 if column < len(row):
                     row[column] = ""
@@ -342,6 +349,26 @@ def _render_splits(root: Path, args: dict[str, Any], events: list[tuple[str, Eve
             if event is not None and absent[index] != "audio":
                 events.append((f"{name}.wav", event))
         _write_table(root / f"{split}.csv", header, rows, ",")
+
+
+def _task_sample(task: str, label: int, corrupt: tuple[bool, bool]) -> tuple[list[str], Any, Any]:
+    """A non-default task's row cells from ``label`` on (class, shadow, sound[, machine]) and its two renderers.
+
+    ``label`` is the cycle's draw: a `_PAIRS` index (binding), a class (redundant) or a machine type (shared).
+    """
+    if task == "binding":
+        shadow, sound = _PAIRS[label]
+        columns = [BINDING_CLASSES[int(shadow == sound)], BINDING_SHADOWS[shadow], BINDING_SOUNDS[sound]]
+        return columns, partial(binding_image, shadow=shadow), partial(binding_audio, sound=sound)
+    if task == "shared":
+        sound = f"{SHARED_SOUNDS[label // 4]}_{round(_shared.BANDS[label % 4])}hz"
+        columns = [SHARED_CLASSES[_shared.shared_class(label)], SHARED_SHADOWS[label], sound, SHARED_TYPES[label]]
+        return columns, partial(_shared.shared_image, machine=label), partial(_shared.shared_audio, machine=label)
+    columns = [REDUNDANT_CLASSES[label]]
+    columns += [_redundant.NOISE if corrupt[0] else REDUNDANT_SHADOWS[label]]
+    columns += [_redundant.NOISE if corrupt[1] else REDUNDANT_SOUNDS[label]]
+    draw_image = partial(_redundant.redundant_image, label=label, noise=corrupt[0])
+    return columns, draw_image, partial(_redundant.redundant_audio, label=label, noise=corrupt[1])
 
 
 _ABSENT_COLUMNS = {"image": (0, 3, 5), "audio": (1, 4, 6)}
@@ -381,7 +408,9 @@ def _finish(root: Path, args: dict[str, Any], events: list[tuple[str, Event]]) -
     classes = _TASK_CLASSES[args["task"]]
     (root / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
     # Fixed event order, whatever transients a small dataset happens to contain.
-    event_types = {"binding": BINDING_SOUNDS, "redundant": REDUNDANT_SOUNDS}.get(args["task"], EVENT_TYPES)
+    event_types = {"binding": BINDING_SOUNDS, "redundant": REDUNDANT_SOUNDS, "shared": SHARED_SOUNDS}.get(
+        args["task"], EVENT_TYPES
+    )
     (root / "event_classes.txt").write_text("".join(f"{name}\n" for name in event_types))
     (root / _STAMP).write_text(json.dumps(_stamp(args), indent=2) + "\n")
 
@@ -400,104 +429,22 @@ def _write_sample(
     return event
 
 
-def _write_redundant_sample(
-    root: Path,
-    name: str,
-    label: int,
-    corrupt: tuple[bool, bool],
-    key: tuple[int, int, int],
-    args: dict[str, Any],
-    write: Any,
-) -> Event | None:
-    """`_write_sample` for the redundant task: class `label`'s grille and sound, each noise where `corrupt` says."""
-    image_rng, audio_rng = (np.random.default_rng([*key, stream]) for stream in (0, 1))
-    image, mask = _redundant.redundant_image(image_rng, args["image_size"], label, corrupt[0])
-    rate = args["sample_rate"]
-    samples, event = _redundant.redundant_audio(audio_rng, rate, round(rate * args["clip_seconds"]), label, corrupt[1])
-    files = [("images", ".png", _png(image)), ("masks", ".png", _png(mask)), ("audio", ".wav", _wav(samples, rate))]
-    write([(os.path.join(root, folder, name + suffix), data) for folder, suffix, data in files])
-    return event
-
-
 _PAIRS = ((0, 0), (1, 1), (0, 1), (1, 0))
 """The binding task's ``(shadow, sound)`` cycle: every 4 samples hold 2 matches and 2 mismatches, and each slat
 angle and each sound twice, once matching."""
 
 
-def _write_binding_sample(
-    root: Path, name: str, shadow: int, sound: int, key: tuple[int, int, int], args: dict[str, Any], write: Any
-) -> Event:
-    """`_write_sample` for the binding task: the grille's striped shadow at ``BINDING_SHADOWS[shadow]``, ``sound``."""
+def _write_rendered(
+    root: Path, name: str, key: tuple[int, int, int], args: dict[str, Any], write: Any, draw_image: Any, draw_audio: Any
+) -> Event | None:
+    """`_write_sample` with a task's renderers: ``draw_image(rng, size)`` and ``draw_audio(rng, rate, num_samples)``."""
     image_rng, audio_rng = (np.random.default_rng([*key, stream]) for stream in (0, 1))
-    image, mask = _binding_image(image_rng, args["image_size"], shadow)
+    image, mask = draw_image(image_rng, args["image_size"])
     rate = args["sample_rate"]
-    samples, event = _binding_audio(audio_rng, rate, round(rate * args["clip_seconds"]), sound)
+    samples, event = draw_audio(audio_rng, rate, round(rate * args["clip_seconds"]))
     files = [("images", ".png", _png(image)), ("masks", ".png", _png(mask)), ("audio", ".wav", _wav(samples, rate))]
     write([(os.path.join(root, folder, name + suffix), data) for folder, suffix, data in files])
     return event
-
-
-def _binding_image(rng: np.random.Generator, size: int, shadow: int) -> tuple[np.ndarray, np.ndarray]:
-    """A floor under a lamp and a grille's shadow: a disc of slats at ``90 * shadow`` degrees (+-9), sharp-edged.
-
-    No fixed objects: their solid shadows would only dilute the one cue. The disc (radius 0.35 of the
-    side) and the slat pitch (6-8 px at 64 px) are large so that an untrained CNN's pooled features
-    already tell the angles apart (97-99% by a linear probe; 69% with a 0.25 disc and 4-6 px slats,
-    which left most runs on the chance plateau). Every draw happens whatever ``shadow`` is, so only
-    the slat angle depends on it. Returns ``(rgb uint8 [H, W, 3], mask uint8 [H, W])``.
-
-    Example:
-        >>> image, mask = _binding_image(np.random.default_rng(0), 64, shadow=1)
-        >>> image.shape, mask.dtype, bool(0.15 < (mask > 127).mean() < 0.25)  # slats: half of a 0.35-radius disc
-        ((64, 64, 3), dtype('uint8'), True)
-    """
-    albedo = _render._floor(rng, size)
-    _, irradiance, direct, ambient = _render._light(rng, size)
-    cx, cy, radius = rng.uniform(0.35, 0.65) * size, rng.uniform(0.35, 0.65) * size, 0.35 * size
-    angle = shadow * math.pi / 2 + rng.uniform(-0.15, 0.15)
-    period, exposure = rng.uniform(3 / 32, 1 / 8) * size, rng.uniform(0.75, 0.95)
-    xs, ys = _render._grid(size)
-    across = math.cos(angle) * (xs - cx) + math.sin(angle) * (ys - cy)  # distance across the slats
-    to_slat = np.abs((across / period) % 1.0 - 0.5) * period
-    disc = _render._coverage(radius - np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2))
-    cover = disc * _render._coverage(period / 4 - to_slat)  # slats half the pitch wide
-    rgb = albedo * (ambient + direct * (irradiance * (1 - cover)))
-    rgb *= exposure / max(float(rgb.max()), 1e-3)
-    image = (np.clip(rgb, 0.0, 1.0) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0)
-    return np.ascontiguousarray(image), (cover * 255 + 0.5).astype(np.uint8)
-
-
-def _binding_audio(rng: np.random.Generator, rate: int, num_samples: int, sound: int) -> tuple[np.ndarray, Event]:
-    """Machine hum plus one 0.2-0.35 s signal 15-25 dB above it: ``BINDING_SOUNDS[sound]``.
-
-    A beep is a 0.5-2.5 kHz tone, a hiss white noise: one lit mel band against all of them, which a
-    small log-mel CNN tells apart even untrained (99% by a linear probe on its pooled features; the
-    default task's knock, friction and collision reach 66-78%). Everything but the signal's own
-    waveform is drawn first, so the hum, onset and level never depend on ``sound``.
-
-    Example:
-        >>> wave, event = _binding_audio(np.random.default_rng(0), 16000, 16000, sound=1)
-        >>> wave.shape, event.label, 0.1 <= event.onset < event.offset <= 1.0
-        ((16000,), 'hiss', True)
-    """
-    wave = _render._machine(rng, rate, num_samples)
-    length, onset = rng.uniform(0.2, 0.35), rng.uniform(0.1, max(0.1, num_samples / rate - 0.4))
-    snr_db, peak = rng.uniform(15, 25), rng.uniform(0.3, 0.9)
-    n = int(length * rate)
-    t = np.arange(n, dtype=np.float32) / np.float32(rate)
-    edges = np.minimum(1.0, np.minimum(t, t[-1] - t) * np.float32(100))  # 10 ms ramps: no click at the ends
-    if sound == 0:
-        burst = np.sin(t * np.float32(2 * math.pi * rng.uniform(500, 2500))) * edges
-    else:
-        burst = rng.standard_normal(n, dtype=np.float32) * edges
-    # Level set on the loudest 16 ms of the signal, relative to the unit-RMS hum (as the default's transients).
-    frames = burst[: len(burst) // 256 * 256].reshape(-1, 256)
-    burst *= np.float32(10 ** (snr_db / 20) / math.sqrt(float(np.max(np.mean(frames * frames, axis=1)))))
-    start = round(onset * rate)
-    end = min(start + n, num_samples)
-    wave[start:end] += burst[: end - start]
-    wave *= np.float32(peak / float(np.max(np.abs(wave))))
-    return wave, Event(BINDING_SOUNDS[sound], round(start / rate, 3), round(end / rate, 3))
 
 
 def _png(pixels: np.ndarray) -> bytes:
@@ -575,8 +522,9 @@ class IndustrialDataModule(ManifestDataModule):
         cache_dir: Parent folder of feature caches.
         n_mels: Mel bins of cached features (the model's ``n_mels``).
         task: ``"default"`` (classes `CLASSES`), ``"binding"`` (classes `BINDING_CLASSES`: the label
-            is whether the shadow's slat angle and the sound agree) or ``"redundant"`` (classes
-            `REDUNDANT_CLASSES`: both modalities carry the label, each corrupted alone; see `make_industrial`).
+            is whether the shadow's slat angle and the sound agree), ``"redundant"`` (classes
+            `REDUNDANT_CLASSES`: both modalities carry the label, each corrupted alone) or ``"shared"`` (classes
+            `SHARED_CLASSES`: both show one of sixteen machine types; see `make_industrial`).
         missing: ``{"image": 0.3, "audio": 0.2}``: rows without their image / audio (see `make_industrial`).
 
     Example:
@@ -611,7 +559,7 @@ class IndustrialDataModule(ManifestDataModule):
         cache: Literal["features"] | None = None,
         cache_dir: str | None = None,
         n_mels: PositiveInt = 64,
-        task: Literal["default", "binding", "redundant"] = "default",
+        task: Literal["default", "binding", "redundant", "shared"] = "default",
         missing: Mapping[str, float] | None = None,
     ) -> None:
         args = (n_train, n_val, n_test, seed, image_size, sample_rate, clip_seconds, task, missing)

@@ -48,7 +48,7 @@ def data(
         task: binding: match / mismatch, whether a grille shadow's slat angle (0 or 90 degrees) and a sound
             (beep or hiss) agree; each modality alone is at chance. redundant: four machines, each shown by its
             grille's slat angle and heard by its own sound, the image corrupted in 5 of 100 samples, the audio in 30.
-            shared: sixteen machine types, each seen (grille angle and pitch) and heard (sound kind and band), faintly;
+            shared: sixteen machine types, each seen (grille pattern, pitch) and heard (sound kind, band), faintly;
             the four classes group the types so that neither factor alone tells them (for contrastive pretraining)
         missing: leave MODALITY's cells empty in a seeded fraction RATE of the rows of each split, never both in
             one row, e.g. image=0.3 (repeat for both: --missing image=0.3 --missing audio=0.2)

@@ -200,6 +200,6 @@ def test_the_command_as_a_user_types_it(industrial, tmp_path):
 
 def test_the_layout_choices_of_the_command_are_the_layouts():
     from sss.data.layouts import LAYOUTS
-    from sss.run.commands import data
+    from sss.run.data_commands import data
 
     assert typing.get_args(typing.get_type_hints(data)["layout"]) == LAYOUTS
