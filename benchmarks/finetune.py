@@ -20,10 +20,10 @@ Each seed (``trainer.seed``: the fresh weights and the data order) trains the sa
 same `Sizes.target_steps` optimizer steps, with the same optimizer and schedule, validating every
 `Sizes.val_every` steps on `Sizes.target_val` held-out clips; ``sss fit`` in a subprocess per run:
 
-- ``finetune``: both encoders' tensors from the source checkpoint (every one of them: `load_encoders`
-  refuses a partial load), a fresh fusion and head (`warm_start`), ``trainer.finetune.freeze=[audio_encoder,
-  image_encoder]`` until ``unfreeze_at_step``, ``trainer.optim.layer_decay`` and ``head_lr_scale``
-  (`finetune_overrides`);
+- ``finetune``: ``model.init_from=SOURCE_RUN``: both encoders' tensors from the source run (every one of
+  them, or the run refuses: `sss.run.init_from`), a fresh fusion and head; ``trainer.finetune.freeze=
+  [audio_encoder, image_encoder]`` until ``unfreeze_at_step``, ``trainer.optim.layer_decay`` and
+  ``head_lr_scale`` (`finetune_overrides`);
 - ``warm`` (not run unless asked: ``--variants``): the same loaded weights, everything trained from step 0
   at one LR, no layer decay: what the fine-tuning controls add over a plain warm start;
 - ``scratch``: ``sss.models.create_model`` with the same seed (so the same fresh fusion and head), nothing
@@ -55,7 +55,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "industrial.yaml"
 ENCODERS = ("image_encoder", "audio_encoder")
-"""The parts a warm start loads from the source checkpoint; everything else (fusion, head) starts fresh."""
+"""The parts ``model.init_from`` loads from the source run; everything else (fusion, head) starts fresh."""
 TARGETS = {
     "exactly_one": {
         "idle": "none_or_both",
@@ -103,66 +103,6 @@ def finetune_overrides(sizes: Sizes) -> list[str]:
         "trainer.optim.layer_decay=0.75",
         "trainer.optim.head_lr_scale=1.0",
     ]
-
-
-# --- the warm start ---------------------------------------------------------------------------------------------
-
-
-def load_encoders(model: Any, state: dict[str, Any]) -> dict[str, int]:
-    """Copy every tensor of `model`'s encoders (`ENCODERS`) from `state`; refuse any missing or misshapen one.
-
-    Returns:
-        Tensors and parameters (elements) loaded per encoder, and the tensors of `state` left out (fusion, head).
-
-    Raises:
-        ValueError: An encoder tensor is missing from `state` or has another shape there.
-
-    Example:
-        >>> import torch
-        >>> from sss.models import create_model
-        >>> source = create_model("hunter_tiny", num_classes=4).state_dict()
-        >>> report = load_encoders(create_model("hunter_tiny", num_classes=2), source)
-        >>> report["image_encoder"] > 0 and report["audio_encoder"] > 0, report["left_out"] > 0
-        (True, True)
-    """
-    own = model.state_dict()
-    report: dict[str, int] = {}
-    for prefix in ENCODERS:
-        names = [name for name in own if name.startswith(prefix + ".")]
-        missing = [name for name in names if name not in state]
-        misshapen = [name for name in names if name in state and state[name].shape != own[name].shape]
-        if not names or missing or misshapen:
-            raise ValueError(
-                f"{prefix}: the source checkpoint does not fill every tensor ({len(names)} in the model; missing "
-                f"{missing[:3]}, other shapes {misshapen[:3]}): pretrain with the same model.name"
-            )
-        loaded = {name: state[name] for name in names}
-        model.load_state_dict(loaded, strict=False)
-        report[prefix] = len(names)
-        report[f"{prefix}_elements"] = sum(state[name].numel() for name in names)
-    report["left_out"] = sum(1 for name in state if not name.startswith(tuple(p + "." for p in ENCODERS)))
-    return report
-
-
-def warm_start(encoders_pretrained: str | None = None, **kwargs: Any) -> Any:
-    """``create_model(**kwargs)``, both encoders loaded from an sss checkpoint (`load_encoders`); fusion, head fresh.
-
-    The ``model._target_`` of the ``finetune`` runs. Its argument ends in ``pretrained``, so an exported model
-    folder drops it (the folder's own weights are loaded over the rebuilt model anyway).
-
-    Example:
-        >>> type(warm_start(name="hunter_tiny", num_classes=2)).__name__  # nothing to load: a plain build
-        'HunterModule'
-    """
-    from safetensors.torch import load_file
-
-    from sss.models import create_model
-
-    model = create_model(**kwargs)
-    if encoders_pretrained:
-        report = load_encoders(model, load_file(encoders_pretrained))
-        print(f"warm start from {encoders_pretrained}: {json.dumps(report)}", flush=True)
-    return model
 
 
 # --- the data ---------------------------------------------------------------------------------------------------
@@ -283,18 +223,20 @@ def source_run(source: Path, folder: Path, sizes: Sizes, env: dict[str, str]) ->
     return fit(EXAMPLE, overrides, folder, env)
 
 
-def variant_overrides(variant: str, checkpoint: Path, sizes: Sizes, extra: list[str]) -> list[str]:
+def variant_overrides(variant: str, source: Path, sizes: Sizes, extra: list[str]) -> list[str]:
     """The overrides that make a target run `variant` (`VARIANTS`); `extra` go to the fine-tune runs only.
 
+    `source` is the source run's folder (``model.init_from`` reads its ``model/model.safetensors``).
+
     Example:
-        >>> variant_overrides("scratch", Path("/c/model.safetensors"), QUICK, [])
+        >>> variant_overrides("scratch", Path("/runs/source"), QUICK, [])
         []
-        >>> variant_overrides("warm", Path("/c/model.safetensors"), QUICK, [])
-        ['model._target_=benchmarks.finetune.warm_start', 'model.encoders_pretrained=/c/model.safetensors']
+        >>> variant_overrides("warm", Path("/runs/source"), QUICK, [])
+        ['model.init_from=/runs/source']
     """
     if variant == "scratch":
         return []
-    warm = ["model._target_=benchmarks.finetune.warm_start", f"model.encoders_pretrained={checkpoint}"]
+    warm = [f"model.init_from={source}"]
     return [*warm, *finetune_overrides(sizes), *extra] if variant == "finetune" else warm
 
 
@@ -324,7 +266,7 @@ def compare(args: argparse.Namespace, sizes: Sizes, tmp: Path, env: dict[str, st
     else:
         pre = source_run(source, tmp / "source_run", sizes, env)
     print(f"source: default task, {sizes.source_steps} steps, val accuracy {pre['final']:.4f} ({pre['wall_s']:.0f} s)")
-    report = loaded_report(checkpoint, len(set(TARGETS[args.task].values())))
+    report = loaded_report(tmp / "source_run", len(set(TARGETS[args.task].values())))
     print(f"warm start loads {report}", flush=True)
     config = target_config(tmp, target, sizes)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -333,7 +275,7 @@ def compare(args: argparse.Namespace, sizes: Sizes, tmp: Path, env: dict[str, st
             overrides = [
                 f"trainer.seed={seed}",
                 *args.overrides,
-                *variant_overrides(variant, checkpoint, sizes, args.ft),
+                *variant_overrides(variant, tmp / "source_run", sizes, args.ft),
             ]
             folder = tmp / f"{variant}_{seed}"
             shutil.rmtree(folder, ignore_errors=True)  # --root: every run starts fresh
@@ -350,13 +292,22 @@ def compare(args: argparse.Namespace, sizes: Sizes, tmp: Path, env: dict[str, st
     return {"source": pre, "load_report": report, "runs": runs}
 
 
-def loaded_report(checkpoint: Path, num_classes: int) -> dict[str, int]:
-    """What `warm_start` loads from `checkpoint` into the target model (checked here once, before any run)."""
-    from safetensors.torch import load_file
+def loaded_report(source: Path, num_classes: int) -> dict[str, int]:
+    """What ``model.init_from=SOURCE`` loads into the target model (checked here once, before any run).
 
+    Tensors and parameters (elements) loaded per encoder, and the source's tensors left out (its fusion, head).
+    """
     from sss.models import create_model
+    from sss.run.init_from import init_encoders_from
 
-    return load_encoders(create_model("hunter_tiny", num_classes=num_classes), load_file(checkpoint))
+    model = create_model("hunter_tiny", num_classes=num_classes)
+    reports = init_encoders_from(model, source)  # both encoders (hunter_tiny has both), in ENCODERS' order
+    report: dict[str, int] = {}
+    for name, loaded in zip(ENCODERS, reports, strict=True):
+        report[name] = len(loaded.loaded)
+        report[f"{name}_elements"] = sum(t.numel() for t in getattr(model, name).state_dict().values())
+    report["left_out"] = len(reports[0].unused)
+    return report
 
 
 def released(source: Path, finished: Path) -> str:
@@ -454,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     malloc = {k: os.environ.get(k, "unset") for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
     print(
         f"{args.threads} threads, {os.cpu_count()} cores; allocator settings: "
@@ -479,11 +430,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
     print(f"total {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.2f}")
     return result
-
-
-def _pythonpath() -> str:
-    # The runs' model._target_ is benchmarks.finetune.warm_start: the repository root must be importable.
-    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""benchmarks/finetune.py: the warm start loads every encoder tensor or refuses; the target set is relabelled; a
-quick run compares fine-tuning (with the controls on) against scratch and times an AST load."""
+"""benchmarks/finetune.py: the target set is relabelled; a quick run compares fine-tuning (model.init_from, with the
+controls on) against scratch and times an AST load. model.init_from itself: tests/run/test_pretrain.py."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from sss.data import ManifestDataModule
 from sss.data.synthetic import make_industrial
-from sss.models import create_model
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "finetune.py"
 
@@ -27,36 +25,6 @@ def bench():
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-def _model(seed: int, num_classes: int, **kwargs):
-    torch.manual_seed(seed)
-    return create_model("hunter_tiny", num_classes=num_classes, **kwargs)
-
-
-def test_warm_start_loads_every_encoder_tensor_and_leaves_fusion_and_head_fresh(bench):
-    source = _model(0, 4).state_dict()
-    target = _model(1, 3)
-    fresh = {name: value.clone() for name, value in target.state_dict().items()}
-    report = bench.load_encoders(target, source)
-    after = target.state_dict()
-    encoders = [name for name in after if name.startswith(("image_encoder.", "audio_encoder."))]
-    assert report["image_encoder"] + report["audio_encoder"] == len(encoders)
-    assert all(after[name].equal(source[name]) for name in encoders)
-    rest = [name for name in after if name not in encoders]
-    assert rest and all(after[name].equal(fresh[name]) for name in rest)  # fusion and head as built
-    assert report["left_out"] == len([n for n in source if n.startswith("fusion_head.")])
-
-
-def test_warm_start_refuses_a_source_missing_or_reshaping_an_encoder_tensor(bench):
-    source = _model(0, 4).state_dict()
-    name = next(n for n in source if n.startswith("audio_encoder.") and n.endswith("weight"))
-    partial = {k: v for k, v in source.items() if k != name}
-    with pytest.raises(ValueError, match=rf"audio_encoder: .*missing \['{re.escape(name)}'\]"):
-        bench.load_encoders(_model(1, 3), partial)
-    wider = _model(0, 4, audio_width=8).state_dict()
-    with pytest.raises(ValueError, match=r"audio_encoder: .*other shapes \['audio_encoder\."):
-        bench.load_encoders(_model(1, 3), wider)
 
 
 @pytest.mark.parametrize("task", ["count", "exactly_one"])
@@ -90,8 +58,13 @@ def test_quick_run_compares_finetune_with_the_controls_against_scratch(bench, tm
     finetune = yaml.safe_load((tmp_path / "finetune_0" / "config.yaml").read_text())["trainer"]
     assert finetune["finetune"]["freeze"] == ["audio_encoder", "image_encoder"]
     assert finetune["finetune"]["unfreeze_at_step"] == sizes.unfreeze_at and finetune["optim"]["layer_decay"] == 0.75
-    assert "warm start from" in (tmp_path / "finetune_0" / "stdout.txt").read_text()
-    assert "warm start from" not in (tmp_path / "scratch_0" / "stdout.txt").read_text()
+    loaded = "(model.init_from) from "
+    printed_ft = (tmp_path / "finetune_0" / "stdout.txt").read_text()
+    assert printed_ft.count(loaded) == 2 and printed_ft.count("0 missing, 0 unexpected") == 2  # both encoders
+    assert loaded not in (tmp_path / "scratch_0" / "stdout.txt").read_text()
+    config = yaml.safe_load((tmp_path / "finetune_0" / "config.yaml").read_text())
+    assert config["model"]["init_from"] == str(tmp_path / "source_run")
+    assert result["load_report"]["image_encoder"] > 0 and result["load_report"]["audio_encoder"] > 0
     scratch = yaml.safe_load((tmp_path / "scratch_0" / "config.yaml").read_text())["trainer"]
     assert scratch["finetune"]["freeze"] == [] and scratch["optim"]["layer_decay"] is None
     changed = re.search(r"finetune: (\d+) of (\d+) encoder tensors differ", printed)
