@@ -121,14 +121,19 @@ def relabel(source: Path, out: Path, task: str) -> Path:
     for split in ("train", "val"):
         with (source / f"{split}.csv").open(newline="") as f:
             rows = list(csv.DictReader(f))
-        with (out / f"{split}.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["image", "audio", "label"])
-            for row in rows:
-                for column in ("image", "audio"):
-                    _link(source / row[column], out / row[column])
-                writer.writerow([row["image"], row["audio"], mapping[row["label"]]])
+        write_manifest(out / f"{split}.csv", source, rows, [mapping[row["label"]] for row in rows])
     return out
+
+
+def write_manifest(path: Path, source: Path, rows: list[dict[str, str]], labels: list[str]) -> None:
+    """A manifest at `path` of `rows`' image and audio with `labels`; their files hard-linked from `source`."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "audio", "label"])
+        for row, label in zip(rows, labels, strict=True):
+            for column in ("image", "audio"):
+                _link(source / row[column], path.parent / row[column])
+            writer.writerow([row["image"], row["audio"], label])
 
 
 def _link(src: Path, dst: Path) -> None:

@@ -50,6 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The subsets are written as the fine-tuning benchmark writes its target set: manifests, files hard-linked.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune import write_manifest
+
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "examples" / "pretrain.yaml"
 MANIFEST = REPO / "examples" / "manifest.yaml"
@@ -139,23 +143,8 @@ def label_subset(source: Path, out: Path, fraction: float, seed: int = 0) -> Pat
     with (source / "val.csv").open(newline="") as f:
         val = list(csv.DictReader(f))
     for split, chosen in (("train", [row for i, row in enumerate(rows) if i in keep]), ("val", val)):
-        with (out / f"{split}.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["image", "audio", "label"])
-            for row in chosen:
-                for column in ("image", "audio"):
-                    _link(source / row[column], out / row[column])
-                writer.writerow([row["image"], row["audio"], row["label"]])
+        write_manifest(out / f"{split}.csv", source, chosen, [row["label"] for row in chosen])
     return out
-
-
-def _link(src: Path, dst: Path) -> None:
-    if dst.exists():  # --root: linked by an earlier run
-        return
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or no hard links: a copy
-        shutil.copyfile(src, dst)
 
 
 def _rows(folder: Path, split: str) -> int:

@@ -75,10 +75,5 @@ def binding_audio(rng: np.random.Generator, rate: int, num_samples: int, sound: 
     else:
         burst = rng.standard_normal(n, dtype=np.float32) * edges
     # Level set on the loudest 16 ms of the signal, relative to the unit-RMS hum (as the default's transients).
-    frames = burst[: len(burst) // 256 * 256].reshape(-1, 256)
-    burst *= np.float32(10 ** (snr_db / 20) / math.sqrt(float(np.max(np.mean(frames * frames, axis=1)))))
-    start = round(onset * rate)
-    end = min(start + n, num_samples)
-    wave[start:end] += burst[: end - start]
-    wave *= np.float32(peak / float(np.max(np.abs(wave))))
+    start, end = _render._mix(wave, burst, onset, snr_db, peak, rate)
     return wave, Event(BINDING_SOUNDS[sound], round(start / rate, 3), round(end / rate, 3))

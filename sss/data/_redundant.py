@@ -140,10 +140,5 @@ def redundant_audio(
     burst = np.convolve(clicks, np.ones(16, dtype=np.float32) / 4, mode="same") if noise else burst
     burst = burst * np.minimum(1.0, np.minimum(t, t[-1] - t) * np.float32(100))  # 10 ms ramps: no click at the ends
     # Level set on the loudest 16 ms, relative to the unit-RMS hum (as the binding task's signals).
-    frames = burst[: len(burst) // 256 * 256].reshape(-1, 256)
-    burst *= np.float32(10 ** (snr_db / 20) / math.sqrt(max(float(np.max(np.mean(frames * frames, axis=1))), 1e-12)))
-    start = round(onset * rate)
-    end = min(start + n, num_samples)
-    wave[start:end] += burst[: end - start]
-    wave *= np.float32(peak / float(np.max(np.abs(wave))))
+    start, end = _render._mix(wave, burst, onset, snr_db, peak, rate)
     return wave, None if noise else Event(REDUNDANT_SOUNDS[label], round(start / rate, 3), round(end / rate, 3))

@@ -396,3 +396,23 @@ def render_audio(
         event = Event(label, round(start / sample_rate, 3), round(end / sample_rate, 3))
     wave *= _F32(peak / float(np.max(np.abs(wave))))
     return wave, event
+
+
+def _mix(wave: np.ndarray, burst: np.ndarray, onset: float, snr_db: float, peak: float, rate: int) -> tuple[int, int]:
+    """Add ``burst`` to ``wave`` at ``onset`` s, ``snr_db`` above the unit-RMS hum on its loudest 16 ms, then
+    scale the clip to ``peak``; in place. Returns the burst's first and end sample (cut at the clip's end).
+
+    The binding, redundant and shared tasks' sounds (the default task's transients keep their own level rule).
+
+    Example:
+        >>> wave = np.ones(1000, dtype=np.float32)
+        >>> _mix(wave, np.ones(300, dtype=np.float32), 0.05, 0.0, 0.5, 1000), float(wave.max())
+        ((50, 350), 0.5)
+    """
+    frames = burst[: len(burst) // 256 * 256].reshape(-1, 256)
+    burst = burst * _F32(10 ** (snr_db / 20) / math.sqrt(max(float(np.max(np.mean(frames * frames, axis=1))), 1e-12)))
+    start = round(onset * rate)
+    end = min(start + len(burst), len(wave))
+    wave[start:end] += burst[: end - start]
+    wave *= _F32(peak / float(np.max(np.abs(wave))))
+    return start, end

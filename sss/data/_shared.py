@@ -164,10 +164,5 @@ def shared_audio(rng: np.random.Generator, rate: int, num_samples: int, machine:
     burst = (tone, hiss, tone * gate, np.sin(sweep))[machine // 4]
     burst = burst * np.minimum(1.0, np.minimum(t, t[-1] - t) * np.float32(100))  # 10 ms ramps: no click at the ends
     # Level set on the loudest 16 ms, relative to the unit-RMS hum (as the other tasks' sounds).
-    frames = burst[: len(burst) // 256 * 256].reshape(-1, 256)
-    burst *= np.float32(10 ** (snr_db / 20) / math.sqrt(max(float(np.max(np.mean(frames * frames, axis=1))), 1e-12)))
-    start = round(onset * rate)
-    end = min(start + n, num_samples)
-    wave[start:end] += burst[: end - start]
-    wave *= np.float32(peak / float(np.max(np.abs(wave))))
+    start, end = _render._mix(wave, burst, onset, snr_db, peak, rate)
     return wave, Event(SHARED_SOUNDS[machine // 4], round(start / rate, 3), round(end / rate, 3))

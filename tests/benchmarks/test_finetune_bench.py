@@ -4,10 +4,7 @@ controls on) against scratch and times an AST load. model.init_from itself: test
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,16 +12,10 @@ import yaml
 from sss.data import ManifestDataModule
 from sss.data.synthetic import make_industrial
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "finetune.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("sss_benchmark_finetune", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def bench(benchmark_script):
+    return benchmark_script("finetune")
 
 
 @pytest.mark.parametrize("task", ["count", "exactly_one"])

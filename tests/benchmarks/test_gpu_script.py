@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+
+@pytest.fixture
+def gpu(benchmark_script):
+    return benchmark_script("gpu")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("sss_benchmark_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_dry_run_writes_every_row_with_figures(tmp_path, capsys):
-    gpu = _script()
+def test_dry_run_writes_every_row_with_figures(gpu, tmp_path, capsys):
     out = tmp_path / "gpu.json"
     result = gpu.main(["--dry-run", "--out", str(out)])
     written = json.loads(out.read_text())
@@ -34,8 +28,7 @@ def test_dry_run_writes_every_row_with_figures(tmp_path, capsys):
     assert "| hunter_tiny | no | checkpointing |" in printed
 
 
-def test_a_failing_row_is_recorded_not_raised():
-    gpu = _script()
+def test_a_failing_row_is_recorded_not_raised(gpu):
     args = gpu.argparse.Namespace(steps=1, warm=1, batch_size=2, probe_steps=0)
     row = gpu.run_row({"model": "hunter_huge", "precision": "no", "variant": "base"}, args, torch.device("cpu"), 30)
     assert row["model"] == "hunter_huge" and "hunter_huge" in row["error"]

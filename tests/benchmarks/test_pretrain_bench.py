@@ -4,10 +4,8 @@ sweeps scratch's LR and prints the fraction table with every run finished."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,16 +15,10 @@ import yaml
 from sss.data import ManifestDataModule
 from sss.data.synthetic import make_industrial
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pretrain.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("sss_benchmark_pretrain", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def bench(benchmark_script):
+    return benchmark_script("pretrain")
 
 
 @pytest.fixture(scope="module")

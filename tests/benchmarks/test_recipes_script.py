@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from sss.data import ManifestDataModule
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("sss_benchmark_recipes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def recipes():
-    return _script()
+def recipes(benchmark_script):
+    return benchmark_script("recipes")
 
 
 def _setup(recipes, kind: str, root: Path) -> ManifestDataModule:
