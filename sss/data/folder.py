@@ -206,15 +206,15 @@ class ManifestDataModule(DataModule):
         if self.clip_seconds is None:
             self.clip_seconds = _infer_clip_seconds(self.root, first, self.allow_outside_root) if first else 1.0
         classes = _default_classes(self.root, first, self.allow_outside_root) if first else (self.classes or None)
-        event_classes = None
+        event_classes, labelled_before = None, False
         for split in SPLITS:
             if self._read(split) is None:
                 continue
             dataset = self._dataset(split, classes, event_classes)
             event_classes = dataset.event_classes
             if dataset.has_label or self.labels == "required":
-                classes = dataset.classes
-            elif not (self.root / "classes.txt").exists():
+                classes, labelled_before = dataset.classes, labelled_before or dataset.has_label
+            elif not labelled_before and not (self.root / "classes.txt").exists():
                 classes = None  # an unlabelled split's stray labels name nothing: the next labelled split's own do
             self.datasets[split] = dataset
         if not self.datasets:

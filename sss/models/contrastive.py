@@ -172,12 +172,14 @@ class ContrastiveModule(LitModule):
     def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Pooled features (``image_features``/``audio_features`` ``[N, dim]``) and unit-norm embeddings of each pair.
 
-        Only the samples with both modalities are encoded (the presence masks of `sss.data.presence`);
-        ``logit_scale`` is the clamped inverse temperature.
+        In training only the samples with both modalities are encoded (the presence masks of
+        `sss.data.presence`). In evaluation every sample is, and ``paired`` marks those with both where some
+        lack one: an evaluation gathers one row per sample from every process, and a process whose last
+        sample lacks a modality would otherwise send none. ``logit_scale`` is the clamped inverse temperature.
         """
         image, audio = batch[self.modality_keys["image"]], batch[self.modality_keys["audio"]]
-        both = _both_present(batch, image.shape[0], image.device)
-        if both is not None:  # a device sync, only on data where some sample lacks a modality
+        both = _both_present(batch, image.shape[0], image.device)  # a device sync, only where a modality is absent
+        if both is not None and self.training:
             image, audio = image[both], audio[both]
         image_features = self.image_encoder(image).mean(dim=1)
         audio_features = self.audio_encoder(audio).mean(dim=1)
@@ -187,22 +189,30 @@ class ContrastiveModule(LitModule):
             "image_embedding": F.normalize(self.image_projection(image_features).float(), dim=-1),
             "audio_embedding": F.normalize(self.audio_projection(audio_features).float(), dim=-1),
             "logit_scale": self.logit_scale.clamp(max=math.log(MAX_LOGIT_SCALE)).exp().float(),
-        }
+        } | ({"paired": both} if both is not None and not self.training else {})
 
     def compute_loss(self, outputs: dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
         """Symmetric InfoNCE over every pair of the step: this process's and the other processes' (with gradients)."""
-        image = gather_with_grad(outputs["image_embedding"])
-        audio = gather_with_grad(outputs["audio_embedding"])
-        return info_nce(image, audio, outputs["logit_scale"])
+        image, audio = outputs["image_embedding"], outputs["audio_embedding"]
+        if "paired" in outputs:  # evaluation: every sample was encoded; the pairs are the rows to contrast
+            image, audio = image[outputs["paired"]], audio[outputs["paired"]]
+        return info_nce(gather_with_grad(image), gather_with_grad(audio), outputs["logit_scale"])
 
     def validation_outputs(self, outputs: dict[str, Tensor], batch: dict[str, Any]) -> dict[str, Tensor]:
-        """Per-sample embeddings and pooled features, and the class target of a labelled split (for the probe)."""
+        """Per-sample embeddings and pooled features, ``paired`` (both modalities present) and a labelled split's
+        class target (for the probe).
+
+        One row per sample, paired or not: the trainer gathers the rows of every process, which must hold as
+        many (a process whose last sample lacks a modality would otherwise send none); `compute_metrics`
+        keeps the pairs.
+        """
         kept = ("image_features", "audio_features", "image_embedding", "audio_embedding")
         result = {key: outputs[key].detach().float() for key in kept}
-        both = _both_present(batch, batch[self.modality_keys["image"]].shape[0], result["image_features"].device)
+        size, device = result["image_features"].shape[0], result["image_features"].device
+        result["paired"] = outputs.get("paired", torch.ones(size, dtype=torch.bool, device=device))
         for key in ("label", "labels"):
             if isinstance(batch.get(key), Tensor):
-                result[key] = batch[key] if both is None else batch[key][both]
+                result[key] = batch[key]
         return result
 
     def compute_metrics(self, outputs: dict[str, Tensor], classes: Any = None) -> dict[str, float]:
@@ -219,6 +229,9 @@ class ContrastiveModule(LitModule):
         """
         from sss.metrics.retrieval import linear_probe, retrieval_metrics
 
+        paired = outputs.get("paired")
+        if paired is not None:  # the samples without a pair are left out of every metric
+            outputs = {key: value[paired] for key, value in outputs.items() if key != "paired"}
         image, audio = outputs["image_embedding"], outputs["audio_embedding"]
         if image.shape[0] == 0:
             return {}

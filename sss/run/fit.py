@@ -92,6 +92,8 @@ def _fit_holding_the_folder(
         hidden = ("val/", "robustness") if evaluation is not None else ("robustness",)
         shown = {k: v for k, v in results.items() if not k.startswith(hidden)}
         _print_results(f"sss {command} {cfg.name}", shown, out / "results.json")
+        if command == "pretrain":  # the folder may be runs/<name>_N: a rerun never overwrites an earlier one
+            print(f"sss: fine-tune from it: sss fit CONFIG model.init_from={out}", flush=True)
     state.wait_for_everyone()
     state.destroy_process_group()  # a clean exit for launched processes (a no-op for one process)
     if push_failed is not None:

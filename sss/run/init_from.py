@@ -37,20 +37,25 @@ def init_source(path: str | Path) -> Path:
         ...
         FileNotFoundError: model.init_from=/nonexistent: no such folder; give a run folder (OUTPUT_DIR of ...
     """
-    from sss.checkpoint import MARKER, newest_verified, verify_checkpoint
+    from sss.checkpoint import MARKER, DamagedCheckpointError, newest_verified, verify_checkpoint
     from sss.model_folder import WEIGHTS
 
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"model.init_from={path}: no such folder; give {_WHAT}")
     if (folder / MARKER).is_file():
-        verify_checkpoint(folder)  # a damaged or half-written checkpoint is named, never half-loaded
+        try:
+            verify_checkpoint(folder)  # a damaged or half-written checkpoint is named, never half-loaded
+        except DamagedCheckpointError as exc:
+            raise FileNotFoundError(f"model.init_from={path}: {exc}; give another checkpoint, or {_WHAT}") from None
+        if not (folder / WEIGHTS).is_file():  # a sharded (FSDP) checkpoint: its weights are not one file
+            raise FileNotFoundError(f"model.init_from={path}: the checkpoint holds no {WEIGHTS}; give {_WHAT}")
         return folder / WEIGHTS
     for candidate in (folder / WEIGHTS, folder / "model" / WEIGHTS):
         if candidate.is_file():
             return candidate
     newest, damaged = newest_verified(folder / "checkpoints")
-    if newest is not None:
+    if newest is not None and (newest / WEIGHTS).is_file():
         return newest / WEIGHTS
     why = f" (its checkpoints do not verify: {damaged[0]})" if damaged else ""
     raise FileNotFoundError(f"model.init_from={path}: holds no {WEIGHTS}{why}; give {_WHAT}")

@@ -61,6 +61,7 @@ def build_parts(cfg: SSSConfig, init_from: bool = False) -> Parts:
     cfg.model = {**cfg.model, **from_data}  # an exported config.yaml must rebuild this very model
     spec, adapter = split_model_spec(cfg.model)  # model.adapter wraps the built model; it stays in the run's config
     module = instantiate(spec)
+    _refuse_unlabelled_training(module, datamodule)
     _bind_to_weights(cfg, module, datamodule, state.is_main_process)
     if init_from and cfg.model.get("init_from"):  # after the pretrained encoders' reports: it loads over them
         _init_encoders(module, cfg.model["init_from"], state.is_main_process)
@@ -90,6 +91,24 @@ def _bind_to_weights(cfg: SSSConfig, module: Any, datamodule: Any, main: bool) -
         report = getattr(getattr(module, part, None), "load_report", None)
         if main and callable(getattr(report, "summary", None)):
             print(f"sss: {report.summary()}", flush=True)
+
+
+def _refuse_unlabelled_training(module: Any, datamodule: Any) -> None:
+    # data.labels=optional reads a train split without labels (or with an empty label cell) as unlabelled: the
+    # built-in supervised model's loss needs them and would fail at its first step, after the data was read.
+    from sss.models.hunter import HunterModule
+
+    train = getattr(datamodule, "datasets", {}).get("train")
+    if not isinstance(module, HunterModule) or not getattr(train, "labels_optional", False):
+        return
+    dense = (train.has_events and module.event_head is not None) or (train.has_mask and module.mask_head is not None)
+    if not train.has_label and not dense:  # the event and mask heads learn without class labels
+        raise ConfigError(
+            f"data.labels=optional read {train.source} as unlabelled ({train.unlabelled_rows} row(s) without a "
+            f"label; a split with any empty label cell is unlabelled as a whole), but {type(module).__name__} "
+            "trains on labels: label every row or drop the unlabelled ones, or pretrain on the pairs with sss "
+            "pretrain (docs/pretrain.md)"
+        )
 
 
 def _init_encoders(module: Any, path: str, main: bool) -> None:

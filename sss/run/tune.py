@@ -149,7 +149,7 @@ def _range_test(
             checkpoint=dataclasses.replace(t.checkpoint, every_epoch=False, every_n_steps=None, on_signal=False),
             log=dataclasses.replace(t.log, trackers=[], progress=False, summary=False, plots=False),
         )
-        parts = build_parts(work)
+        parts = build_parts(work, init_from=True)  # the range test is of the model the run will train
         recorder = _Recorder(min_lr, max_lr, steps, diverge, beta)
         trainer = SSSTrainer(work.trainer, callbacks=[recorder])
         loader = parts.datamodule.train_dataloader() if hasattr(parts.datamodule, "train_dataloader") else None

@@ -86,3 +86,16 @@ def test_sss_check_refuses_an_unknown_labels_value_by_the_annotation():
     assert any("labels" in problem and "maybe" in problem for problem in check_config(config))
     config.data["labels"] = "optional"
     assert not [problem for problem in check_config(config) if "labels" in problem]
+
+
+def test_an_unlabelled_val_split_between_labelled_ones_keeps_the_train_classes(tmp_path):
+    # Labelled train, val without labels, labelled test naming fewer classes, no classes.txt: the test split's
+    # labels index into the train split's classes (those the head was sized for), not into its own.
+    train = ["image,audio,label", "0.png,0.wav,a", "1.png,1.wav,b", "2.png,2.wav,c"]
+    root = _folder(tmp_path, train, UNLABELLED)
+    (root / "test.csv").write_text("image,audio,label\n0.png,0.wav,a\n3.png,3.wav,c\n")
+    dm = _module(root, labels="optional")
+    assert dm.classes == ["a", "b", "c"]
+    dm.setup("fit")
+    assert dm.classes == ["a", "b", "c"] and not dm.datasets["val"].has_label
+    assert [dm.datasets["test"][i]["label"] for i in range(2)] == [0, 2]

@@ -80,15 +80,27 @@ def test_fixed_temperature_is_a_buffer_and_never_above_the_clamp():
 
 
 def test_samples_without_a_modality_are_left_out_of_the_pairs():
+    torch.manual_seed(0)
     model = ContrastiveModule("hunter_tiny", **TINY).eval()
     batch = _batch(4)
     partial = {**batch, "image_present": torch.tensor([True, False, True, True])}
-    out = model(partial)
-    assert out["image_embedding"].shape[0] == 3
     kept = {k: v[[0, 2, 3]] for k, v in batch.items()}
-    assert torch.allclose(out["audio_embedding"], model(kept)["audio_embedding"], atol=1e-6)
+    # Training encodes the pairs only; their loss is that of a batch holding just them.
+    model.train()
+    trained = model(partial)
+    assert trained["image_embedding"].shape[0] == 3 and "paired" not in trained
+    model.eval()  # the same BatchNorm statistics below
+    out = model(partial)
+    # Evaluation keeps a row per sample (a multi-process gather needs as many rows on every process), marked.
+    assert out["image_embedding"].shape[0] == 4 and out["paired"].tolist() == [True, False, True, True]
+    assert torch.allclose(out["audio_embedding"][[0, 2, 3]], model(kept)["audio_embedding"], atol=1e-6)
+    assert torch.allclose(model.compute_loss(out, partial), model.compute_loss(model(kept), kept), atol=1e-6)
     values = model.validation_outputs(out, {**partial, "label": torch.tensor([0, 1, 2, 3])})
-    assert values["label"].tolist() == [0, 2, 3] and values["image_features"].shape[0] == 3
+    assert values["paired"].tolist() == [True, False, True, True] and values["label"].tolist() == [0, 1, 2, 3]
+    alone = model.validation_outputs(model(kept), kept)
+    assert alone["paired"].all() and values["image_features"].shape[0] == 4
+    unlabelled = {k: v for k, v in values.items() if k != "label"}
+    assert model.compute_metrics(unlabelled) == pytest.approx(model.compute_metrics(alone))  # the unpaired row out
 
 
 def test_settings_are_checked_without_building_with_the_key_named():

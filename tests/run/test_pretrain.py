@@ -112,6 +112,34 @@ def test_init_from_finds_the_weights_of_a_run_and_says_what_it_wants(pretrained,
     assert main(["fit", MANIFEST, "data.root=nowhere", f"model.init_from={tmp_path / 'no'}", *TINY_FIT]) == 2  # first
     err = capsys.readouterr().err
     assert f"model.init_from={tmp_path / 'no'}: no such folder; give a run folder" in err
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoint, damaged)
+    (damaged / "model.safetensors").write_bytes(b"truncated")  # the manifest's size and CRC no longer match
+    with pytest.raises(FileNotFoundError, match=rf"model.init_from={damaged}: .*model.safetensors.*give another"):
+        init_source(damaged)
+    assert main(["fit", MANIFEST, "data.root=nowhere", f"model.init_from={damaged}", *TINY_FIT]) == 2
+    assert f"model.init_from={damaged}: " in capsys.readouterr().err
+
+
+def test_fit_refuses_a_train_split_read_as_unlabelled_naming_the_file_and_the_key(tmp_path, capsys):
+    root = make_industrial(tmp_path / "d", n_train=8, n_val=4, n_test=0)
+    rows = (root / "train.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    cells = rows[1].split(",")
+    cells[header.index("label")] = ""  # one row without its label: the split is unlabelled as a whole
+    (root / "train.csv").write_text("\n".join([rows[0], ",".join(cells), *rows[2:]]) + "\n")
+    words = ["fit", MANIFEST, f"data.root={root}", "data.labels=optional", *TINY_FIT]
+    words += [f"trainer.output_dir={tmp_path / 'r'}"]
+    assert main(words) == 2
+    err = capsys.readouterr().err
+    assert f"data.labels=optional read {root / 'train.csv'} as unlabelled (1 row(s) without a label" in err
+    assert "HunterModule trains on labels" in err and "sss pretrain" in err
+
+
+def test_the_lr_range_test_is_of_the_model_the_run_trains_its_encoders_loaded(pretrained, data, tmp_path, capsys):
+    words = ["tune", "lr", MANIFEST, f"data.root={data}", f"model.init_from={pretrained}", *TINY_FIT]
+    assert main([*words, f"trainer.output_dir={tmp_path / 'tune'}", "--steps", "5"]) == 0
+    assert capsys.readouterr().out.count("(model.init_from) from ") == 2  # both encoders, before the test
 
 
 def test_a_model_folder_config_never_opens_init_from():
@@ -176,3 +204,34 @@ def test_pretrain_on_two_processes_as_typed(data, tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["num_processes"] == 2 and set(RETRIEVAL) <= set(results)
     assert os.path.isfile(tmp_path / "run" / "model" / "model.safetensors")
+    assert done.stdout.count("sss: fine-tune from it: sss fit CONFIG model.init_from=run") == 1  # the main process
+
+
+@pytest.mark.slow
+def test_two_process_validation_with_unpaired_samples_is_the_one_process_evaluation(tmp_path):
+    # 15 validation rows over 2 processes and batches of 8: the last batch is padded and run sample by sample,
+    # and with an image missing from 30 % of the rows some process's sample has no pair. Every process still
+    # sends one row per sample; the metrics are those of one process over the pairs of the whole split.
+    from sss import load_model
+    from sss.data import ManifestDataModule
+
+    data = make_industrial(tmp_path / "d", n_train=16, n_val=15, n_test=0, task="shared", missing={"image": 0.3})
+    words = [sys.executable, "-m", "sss", "pretrain", PRETRAIN, f"data.root={data}", *TINY_PRETRAIN]
+    words += ["trainer.max_steps=2", "trainer.output_dir=run", "--num-processes", "2"]
+    done = subprocess.run(words, cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    model = load_model(tmp_path / "run" / "model")
+    module = ManifestDataModule(str(data), batch_size=8, num_workers=0, labels="optional")
+    module.setup("fit")
+    chunks: dict[str, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for batch in module.val_dataloader():
+            for key, value in model.validation_outputs(model(batch), batch).items():
+                chunks.setdefault(key, []).append(value)
+    outputs = {key: torch.cat(values) for key, values in chunks.items()}
+    assert 0 < int(outputs["paired"].sum()) < 15  # some rows lack their image
+    expected = model.compute_metrics(outputs)
+    for key in [*RETRIEVAL, "val/loss"]:
+        assert results[key] == pytest.approx(expected[key.removeprefix("val/")], rel=1e-5, abs=1e-6), key
