@@ -64,11 +64,8 @@ def binding_audio(rng: np.random.Generator, rate: int, num_samples: int, sound: 
         >>> wave.shape, event.label, 0.1 <= event.onset < event.offset <= 1.0
         ((16000,), 'hiss', True)
     """
-    wave = _render._machine(rng, rate, num_samples)
-    length, onset = rng.uniform(0.2, 0.35), rng.uniform(0.1, max(0.1, num_samples / rate - 0.4))
-    snr_db, peak = rng.uniform(15, 25), rng.uniform(0.3, 0.9)
-    n = int(length * rate)
-    t = np.arange(n, dtype=np.float32) / np.float32(rate)
+    wave, _, onset, snr_db, peak, t = _render._burst_axes(rng, rate, num_samples, (0.2, 0.35), 0.4, (15, 25))
+    n = len(t)
     edges = np.minimum(1.0, np.minimum(t, t[-1] - t) * np.float32(100))  # 10 ms ramps: no click at the ends
     if sound == 0:
         burst = np.sin(t * np.float32(2 * math.pi * rng.uniform(500, 2500))) * edges

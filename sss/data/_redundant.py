@@ -120,11 +120,8 @@ def redundant_audio(
         >>> wave.shape, event.label, 0.1 <= event.onset < event.offset <= 1.0
         ((16000,), 'sweep', True)
     """
-    wave = _render._machine(rng, rate, num_samples)
-    length, onset = rng.uniform(0.25, 0.4), rng.uniform(0.1, max(0.1, num_samples / rate - 0.45))
-    snr_db, peak = rng.uniform(15, 25), rng.uniform(0.3, 0.9)
-    n = int(length * rate)
-    t = np.arange(n, dtype=np.float32) / np.float32(rate)
+    wave, length, onset, snr_db, peak, t = _render._burst_axes(rng, rate, num_samples, (0.25, 0.4), 0.45, (15, 25))
+    n = len(t)
     tone = rng.uniform(500, 2500)
     # Pulses: on for half of each 60-100 ms period, with soft edges (hard ones would click like the crackle).
     gate = np.clip(np.sin(t * np.float32(2 * math.pi / rng.uniform(0.06, 0.1))) * np.float32(4), 0.0, 1.0)

@@ -398,6 +398,33 @@ def render_audio(
     return wave, event
 
 
+def _burst_axes(
+    rng: np.random.Generator,
+    rate: int,
+    num_samples: int,
+    lengths: tuple[float, float],
+    latest: float,
+    snr_db: tuple[float, float],
+) -> tuple[np.ndarray, float, float, float, float, np.ndarray]:
+    """The hum and the draws of a task sound before its waveform: ``(wave, length, onset, snr_db, peak, t)``.
+
+    The sound lasts a uniform draw from ``lengths`` seconds (``t``, its time axis) and starts between 0.1 s
+    and ``latest`` s before the clip's end; every draw happens whatever the sound is. Then `_mix` places it.
+    The binding, redundant and shared tasks' sounds.
+
+    Example:
+        >>> wave, length, onset, snr, peak, t = _burst_axes(np.random.default_rng(0), 16000, 16000, (0.2, 0.3), 0.35,
+        ...                                                 (15, 25))
+        >>> wave.shape, len(t) == int(length * 16000), 0.1 <= onset <= 0.65, 15 <= snr <= 25
+        ((16000,), True, True, True)
+    """
+    wave = _machine(rng, rate, num_samples)
+    length, onset = rng.uniform(*lengths), rng.uniform(0.1, max(0.1, num_samples / rate - latest))
+    level, peak = rng.uniform(*snr_db), rng.uniform(0.3, 0.9)
+    t = np.arange(int(length * rate), dtype=np.float32) / _F32(rate)
+    return wave, length, onset, level, peak, t
+
+
 def _mix(wave: np.ndarray, burst: np.ndarray, onset: float, snr_db: float, peak: float, rate: int) -> tuple[int, int]:
     """Add ``burst`` to ``wave`` at ``onset`` s, ``snr_db`` above the unit-RMS hum on its loudest 16 ms, then
     scale the clip to ``peak``; in place. Returns the burst's first and end sample (cut at the clip's end).

@@ -148,11 +148,9 @@ def shared_audio(rng: np.random.Generator, rate: int, num_samples: int, machine:
         >>> wave.shape, event.label, 0.1 <= event.onset < event.offset <= 1.0
         ((16000,), 'sweep', True)
     """
-    wave = _render._machine(rng, rate, num_samples)
-    length, onset = rng.uniform(0.25, 0.4), rng.uniform(0.1, max(0.1, num_samples / rate - 0.45))
-    snr_db, peak, centre = rng.uniform(*SNR_DB), rng.uniform(0.3, 0.9), BANDS[machine % 4] * rng.uniform(0.95, 1.05)
-    n = int(length * rate)
-    t = np.arange(n, dtype=np.float32) / np.float32(rate)
+    wave, length, onset, snr_db, peak, t = _render._burst_axes(rng, rate, num_samples, (0.25, 0.4), 0.45, SNR_DB)
+    centre = BANDS[machine % 4] * rng.uniform(0.95, 1.05)
+    n = len(t)
     gate = np.clip(np.sin(t * np.float32(2 * math.pi / rng.uniform(0.06, 0.1))) * np.float32(4), 0.0, 1.0)
     # Hiss: white noise through a half-octave Gaussian band (in log frequency) around the centre.
     size = 1 << (n - 1).bit_length()
