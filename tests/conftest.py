@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 # Pin MKL's floating-point path before torch loads it (a fresh process may take another one), as `sss` does.
 # In-process tests can therefore never see the CLI set it: test_subprocess_env.py checks that in a child without it.
@@ -37,3 +42,18 @@ def _isolated(tmp_path, monkeypatch):
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """``benchmark_script("pretrain")``: benchmarks/pretrain.py as the module ``sss_benchmark_pretrain``."""
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"sss_benchmark_{name}", benchmarks / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+
+    return load
