@@ -169,9 +169,9 @@ def test_sss_fit_holds_its_folder_while_it_runs(tmp_path, monkeypatch):
     seen = []
     real = fit.build_parts
 
-    def looking(cfg):  # inside the run, after the folder was taken
+    def looking(cfg, **kwargs):  # inside the run, after the folder was taken
         seen.append(folder_holder(cfg.trainer.output_dir))
-        return real(cfg)
+        return real(cfg, **kwargs)
 
     monkeypatch.setattr(fit, "build_parts", looking)
     assert main(["fit", EXAMPLE, *TINY, f"trainer.output_dir={tmp_path / 'mine'}"]) == 0

@@ -14,7 +14,7 @@ from sss.models import HunterModule, create_model, list_models, model_class
 
 FUSIONS = ("bottleneck", "cross_attention", "late")  # the stock ones: a test may register more
 AUDIO_ENCODERS = ("ast", "cnn")
-ALL_MODELS = list_models()
+ALL_MODELS = list_models("hunter_*")  # the supervised models (contrastive_*: tests/models/test_contrastive.py)
 COMBOS = list(itertools.product(FUSIONS, AUDIO_ENCODERS))
 COMBO_IDS = [f"{fusion}-{audio}" for fusion, audio in COMBOS]
 HEADS = {"num_event_classes": 2, "mask_head": True}
